@@ -1,0 +1,175 @@
+"""Render a report (PNG figures + ``summary.md``) from one or more run directories.
+
+``render_report(run_dirs, out_dir)`` draws every figure it can and records, for each one it cannot, why
+(``ReportResult.skipped``, also listed in ``summary.md``). Figures compare all runs (baseline black);
+ratings, solve-rate matrices and lineage are drawn per run.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from openrlhf_populora.metrics import plots
+from openrlhf_populora.metrics.keys import COMPLEXITY_AXES, complexity_key, coverage_key, train_key
+from openrlhf_populora.metrics.runs import RunData, load_run
+
+COMPARISON_FIGURES: tuple[tuple[str, Callable], ...] = (
+    ("training_dynamics", plots.training_dynamics),
+    ("complexity", plots.complexity),
+    ("coverage", plots.coverage),
+    ("task_types", plots.task_types),
+    ("response_length", plots.response_length),
+    ("diagnostics", plots.diagnostics),
+    ("timing", plots.timing),
+)
+PER_RUN_FIGURES: tuple[tuple[str, Callable], ...] = (
+    ("ratings", plots.ratings),
+    ("matrix", lambda run, window: plots.solve_matrix(run)),
+    ("lineage", lambda run, window: plots.lineage(run)),
+)
+SUMMARY_KEYS = (
+    [train_key(m) for m in ("solve_rate", "format_rate", "student_reward", "validity", "difficulty",
+                            "teacher_reward", "student_response_length", "teacher_response_length")]
+    + [complexity_key(a) for a in COMPLEXITY_AXES]
+    + [coverage_key(n) for n in ("overall", "distinct_programs", "diversity")]
+)
+
+
+@dataclass
+class ReportResult:
+    out_dir: Path
+    figures: dict[str, int] = field(default_factory=dict)  # PNG file name -> number of matplotlib axes
+    skipped: dict[str, str] = field(default_factory=dict)  # figure name -> why it was not drawn
+    warnings: list[str] = field(default_factory=list)  # problems met while reading the runs
+    summary: Path | None = None
+
+
+def _slug(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_") or "run"
+
+
+def _unique_labels(runs: list[RunData]) -> None:
+    seen: dict[str, int] = {}
+    for run in runs:
+        count = seen.get(run.label, 0)
+        seen[run.label] = count + 1
+        if count:
+            run.label = f"{run.label}#{count + 1}"
+
+
+def final_and_best(run: RunData, key: str, window: int) -> tuple[float | None, float | None]:
+    """Last value and maximum of the smoothed series (None when the key is absent)."""
+    _, ys = run.series(key)
+    if not len(ys):
+        return None, None
+    smoothed = plots.smooth(ys, window)
+    return float(smoothed[-1]), float(np.max(smoothed))
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.4g}"
+
+
+def write_summary(runs: Sequence[RunData], result: ReportResult, window: int) -> Path:
+    lines = ["# Run report", ""]
+    lines += ["| run | mode | steps logged | last step | members seen | evolution events | directory |",
+              "|---|---|---|---|---|---|---|"]
+    for run in runs:
+        last = run.steps[-1] if run.steps else "–"
+        lines.append(f"| {run.label} | {run.mode or '?'} | {len(run.steps)} | {last} | "
+                     f"{len(run.member_lifetimes())} | {len(run.evolution_events())} | `{run.path}` |")
+    eval_keys = sorted({k for run in runs for k in run.keys() if k.startswith("eval/")})
+    keys = [k for k in (*SUMMARY_KEYS, *eval_keys) if any(run.has(k) for run in runs)]
+    lines += ["", "## Final and best values", "",
+              f"final = last value, best = maximum, both after a {window}-step trailing moving average.", ""]
+    if keys:
+        header = "| metric | " + " | ".join(f"{r.label} final | {r.label} best" for r in runs) + " |"
+        lines += [header, "|---|" + "---|---|" * len(runs)]
+        for key in keys:
+            cells = []
+            for run in runs:
+                final, best = final_and_best(run, key, window)
+                cells += [_fmt(final), _fmt(best)]
+            lines.append(f"| `{key}` | " + " | ".join(cells) + " |")
+    else:
+        lines.append("No metric values found.")
+    lines += ["", "## Figures", ""]
+    lines += [f"- `{name}` ({n} axes)" for name, n in result.figures.items()] or ["- none"]
+    if result.skipped:
+        lines += ["", "## Not rendered", ""]
+        lines += [f"- `{name}`: {why}" for name, why in result.skipped.items()]
+    if result.warnings:
+        lines += ["", "## Warnings while reading", ""]
+        lines += [f"- {w}" for w in result.warnings]
+    path = result.out_dir / "summary.md"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def render_report(run_dirs: Sequence[str | Path], out_dir: str | Path, smooth: int = 1,
+                  labels: Sequence[str] | None = None, progress: bool = False, dpi: int = 110) -> ReportResult:
+    """Write the figures and ``summary.md`` for ``run_dirs`` into ``out_dir``.
+
+    Raises ``ValueError`` for bad arguments and ``FileNotFoundError`` for a run directory that does not
+    exist; anything wrong *inside* a run directory only costs the figures that need it.
+    """
+    if isinstance(run_dirs, (str, Path)):
+        run_dirs = [run_dirs]
+    if not run_dirs:
+        raise ValueError("render_report needs at least one run directory")
+    if isinstance(smooth, bool) or not isinstance(smooth, int) or smooth < 1:
+        raise ValueError(f"smooth must be an int >= 1 (a window in steps), got {smooth!r}")
+    if labels is not None and len(labels) != len(run_dirs):
+        raise ValueError(f"got {len(labels)} labels for {len(run_dirs)} run directories")
+    from tqdm.auto import tqdm
+
+    missing = [str(d) for d in run_dirs if not Path(d).is_dir()]
+    if missing:
+        raise FileNotFoundError(f"run directory does not exist: {', '.join(missing)}")
+    result = ReportResult(out_dir=Path(out_dir))
+    result.out_dir.mkdir(parents=True, exist_ok=True)
+    runs: list[RunData] = []
+    for i, run_dir in enumerate(tqdm(run_dirs, desc="reading runs", unit="run", disable=not progress)):
+        run = load_run(run_dir, label=labels[i] if labels else None)
+        run.problems()  # read now, so its warnings are listed too
+        runs.append(run)
+    _unique_labels(runs)
+    for run in runs:
+        result.warnings += [f"{run.label}: {w}" for w in run.warnings]
+        if not run.steps:
+            result.warnings.append(f"{run.label}: no step records")
+
+    def save(name: str, draw: Callable[[], object]) -> None:
+        try:
+            fig = draw()
+        except plots.Skip as why:
+            result.skipped[name] = str(why)
+            return
+        except Exception as err:  # one broken figure must not cost the others
+            result.skipped[name] = f"error: {type(err).__name__}: {err}"
+            return
+        fig.savefig(result.out_dir / f"{name}.png", dpi=dpi)
+        result.figures[f"{name}.png"] = len(fig.axes)
+
+    jobs: list[tuple[str, Callable[[], object]]] = []
+    for name, draw in COMPARISON_FIGURES:
+        jobs.append((name, lambda d=draw: d(runs, smooth)))
+    for run in runs:
+        for name, draw in PER_RUN_FIGURES:
+            jobs.append((f"{name}_{_slug(run.label)}", lambda d=draw, r=run: d(r, smooth)))
+    jobs.append(("problems", lambda: plots.example_problems(runs)))
+    for name, draw in tqdm(jobs, desc="figures", unit="fig", disable=not progress):
+        save(name, draw)
+    result.summary = write_summary(runs, result, smooth)
+    if progress:
+        for name, why in result.skipped.items():
+            print(f"not rendered: {name}: {why}", file=sys.stderr)
+    return result
