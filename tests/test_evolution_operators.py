@@ -1,0 +1,308 @@
+"""Every mutation and crossover: keys, shapes, dtype, rank, seeding, semantics; bad input; apply_action."""
+
+import math
+
+import pytest
+import torch
+
+from openrlhf_populora.evolution import CROSSOVERS, MUTATIONS, apply_action, crossover, lora_pairs, mutate
+from openrlhf_populora.population import (
+    CROSSOVER_NAMES,
+    MUTATION_NAMES,
+    EvolutionConfig,
+    Population,
+    apply_plan,
+    make_ratings,
+    plan_evolution,
+)
+
+SHAPES = {"self_attn.q_proj": (32, 24), "self_attn.k_proj": (8, 24), "mlp.up_proj": (40, 24)}
+RANK = 4
+RANDOM_MUTATIONS = set(MUTATION_NAMES) - {"copy_parent"}
+RANDOM_CROSSOVERS = {"layer_swap", "dare"}
+
+
+def _adapter(seed, layers=3, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    sd = {}
+    for layer in range(layers):
+        for module, (out, inp) in SHAPES.items():
+            prefix = f"base_model.model.model.layers.{layer}.{module}"
+            sd[f"{prefix}.lora_A.weight"] = (0.1 * torch.randn(RANK, inp, generator=gen)).to(dtype)
+            sd[f"{prefix}.lora_B.weight"] = (0.1 * torch.randn(out, RANK, generator=gen)).to(dtype)
+    return sd
+
+
+def _delta(sd, pair):
+    return sd[pair.b_key].double() @ sd[pair.a_key].double()
+
+
+def _rel(x, y):
+    return float((x - y).norm() / y.norm())
+
+
+def _same(x, y):
+    return list(x) == list(y) and all(torch.equal(x[k], y[k]) for k in x)
+
+
+def test_registries_match_the_names_population_plans_with():
+    assert tuple(MUTATIONS) == MUTATION_NAMES
+    assert tuple(CROSSOVERS) == CROSSOVER_NAMES
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", MUTATION_NAMES)
+def test_mutation_keeps_structure_and_is_seeded(name, dtype):
+    parent = _adapter(0, dtype=dtype)
+    original = {k: v.clone() for k, v in parent.items()}
+    child = mutate(name, parent, seed=1)
+    assert list(child) == list(parent)
+    assert all(child[k].shape == parent[k].shape and child[k].dtype == dtype for k in parent)
+    assert all(bool(torch.isfinite(v).all()) for v in child.values())
+    assert _same(parent, original)  # the parent is not modified
+    assert _same(child, mutate(name, parent, seed=1))
+    if name in RANDOM_MUTATIONS:
+        assert not _same(child, mutate(name, parent, seed=2))
+        assert not _same(child, parent)
+    else:
+        assert _same(child, parent)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", CROSSOVER_NAMES)
+def test_crossover_keeps_structure_and_is_seeded(name, dtype):
+    parents = [_adapter(0, dtype=dtype), _adapter(1, dtype=dtype)]
+    child = crossover(name, parents, seed=1)
+    assert list(child) == list(parents[0])
+    assert all(child[k].shape == parents[0][k].shape and child[k].dtype == dtype for k in child)
+    assert all(bool(torch.isfinite(v).all()) for v in child.values())
+    assert _same(child, crossover(name, parents, seed=1))
+    if name in RANDOM_CROSSOVERS:
+        assert any(not _same(child, crossover(name, parents, seed=s)) for s in range(2, 6))
+
+
+def test_every_operator_runs_with_defaults_and_reports_truncation_energy():
+    a, b = _adapter(0), _adapter(1)
+    for name in MUTATION_NAMES:
+        info = {}
+        mutate(name, a, seed=0, info=info)
+        assert info["truncation_energy"] == 0.0
+    for name in CROSSOVER_NAMES:
+        info = {}
+        crossover(name, [a, b], seed=0, info=info)
+        assert 0.0 <= info["truncation_energy"] < 1.0
+
+
+def test_gaussian_scale_follows_tensor_std():
+    parent = _adapter(0)
+    child = mutate("gaussian", parent, seed=0, scale=0.1)
+    # the noise, divided by scale * std of its own tensor, is standard normal (pooled over all tensors)
+    pooled = torch.cat([((child[k] - t) / (0.1 * t.std())).flatten() for k, t in parent.items()])
+    assert float(pooled.std()) == pytest.approx(1.0, rel=0.1)
+    assert abs(float(pooled.mean())) < 0.1
+    zeros = {k: torch.zeros_like(v) for k, v in parent.items()}
+    assert _same(mutate("gaussian", zeros, seed=0), zeros)  # std 0: nothing to scale
+
+
+def test_layer_gaussian_touches_only_the_chosen_layers():
+    parent = _adapter(0)
+    info = {}
+    child = mutate("layer_gaussian", parent, seed=4, info=info, fraction=0.34)
+    assert len(info["mutated_layers"]) == 1
+    for pair in lora_pairs(parent):
+        changed = not torch.equal(child[pair.a_key], parent[pair.a_key])
+        assert changed == (pair.layer in info["mutated_layers"])
+
+
+def test_sv_lognormal_keeps_singular_vectors():
+    parent = _adapter(0)
+    child = mutate("sv_lognormal", parent, seed=0, sigma=0.3)
+    for pair in lora_pairs(parent):
+        before, after = _delta(parent, pair), _delta(child, pair)
+        u, _, vh = torch.linalg.svd(before, full_matrices=False)
+        proj = u[:, :RANK].T @ after @ vh[:RANK].T  # diagonal if the singular vectors are unchanged
+        assert torch.allclose(proj, torch.diag(torch.diagonal(proj)), atol=1e-5 * float(proj.norm()))
+        assert _rel(after, before) > 1e-3
+
+
+def test_subspace_rotation_keeps_singular_values_and_turns_subspaces_by_about_angle():
+    parent = _adapter(0)
+    child = mutate("subspace_rotation", parent, seed=0, angle=0.05)
+    for pair in lora_pairs(parent):
+        before, after = _delta(parent, pair), _delta(child, pair)
+        s0 = torch.linalg.svdvals(before)[:RANK]
+        s1 = torch.linalg.svdvals(after)[:RANK]
+        assert torch.allclose(s0, s1, rtol=1e-4)
+        u0 = torch.linalg.svd(before)[0][:, :RANK]
+        u1 = torch.linalg.svd(after)[0][:, :RANK]
+        cosines = torch.linalg.svdvals(u0.T @ u1)  # cosines of the principal angles
+        if before.shape[0] > RANK:
+            assert 0.02 < float(torch.arccos(cosines.clamp(max=1)).max()) < 0.15
+
+
+def test_drop_components_and_rescale():
+    parent = _adapter(0)
+    info = {}
+    child = mutate("drop_components", parent, seed=0, info=info, p=0.5)
+    assert 0 < info["dropped_fraction"] < 1
+    for pair in lora_pairs(parent):
+        s0 = torch.linalg.svdvals(_delta(parent, pair))[:RANK]
+        s1 = torch.linalg.svdvals(_delta(child, pair))[:RANK]
+        kept = s1[s1 > 1e-6 * s0[0]]
+        assert all(float((s0 - k).abs().min()) < 1e-4 * float(s0[0]) for k in kept)  # a subset of s0
+    info = {}
+    child = mutate("rescale", parent, seed=0, info=info, factor=2.5)
+    assert info["factor"] == 2.5
+    for pair in lora_pairs(parent):
+        assert _rel(_delta(child, pair), 2.5 * _delta(parent, pair)) < 1e-5
+
+
+def test_layer_swap_copies_whole_layers():
+    a, b = _adapter(0), _adapter(1)
+    info = {}
+    child = crossover("layer_swap", [a, b], seed=3, info=info)
+    for pair in lora_pairs(a):
+        source = [a, b][info["layer_sources"][int(pair.layer)]]
+        assert torch.equal(child[pair.a_key], source[pair.a_key])
+        assert torch.equal(child[pair.b_key], source[pair.b_key])
+    assert _same(crossover("layer_swap", [a, b], weights=[1.0, 0.0], seed=3), a)
+
+
+def test_exact_combinations_match_their_formulas():
+    a, b = _adapter(0), _adapter(1)
+    pairs = lora_pairs(a)
+
+    def check(child, target_of, rank=RANK):
+        for pair in pairs:
+            target = target_of(_delta(a, pair), _delta(b, pair))
+            u, s, vh = torch.linalg.svd(target, full_matrices=False)
+            best = (u[:, :rank] * s[:rank]) @ vh[:rank]
+            assert _rel(_delta(child, pair), best) < 1e-4
+
+    check(crossover("extrapolate", [a, b], seed=0, lam=0.5), lambda x, y: x + 0.5 * (x - y))
+    check(crossover("dare", [a, b], seed=0, p=0.0), lambda x, y: (x + y) / 2)
+    check(crossover("ties", [a, a], seed=0, density=1.0), lambda x, y: x)
+    check(crossover("svd_fitness", [a, b], seed=0, fitness=[3.0, 1.0], temperature=1.0),
+          lambda x, y: (math.e**2 * x + y) / (math.e**2 + 1))
+
+    def slerp(x, y, t=0.3):
+        theta = math.acos(float((x * y).sum() / (x.norm() * y.norm())))
+        return (math.sin((1 - t) * theta) * x + math.sin(t * theta) * y) / math.sin(theta)
+
+    check(crossover("slerp", [a, b], seed=0, t=0.3), slerp)
+    same = crossover("slerp", [a, a], seed=0)  # parallel deltas: falls back to the linear blend
+    assert all(_rel(_delta(same, pair), _delta(a, pair)) < 1e-5 for pair in pairs)
+
+
+def test_sv_splice_takes_top_components_from_each_parent():
+    a, b = _adapter(0), _adapter(1)
+    child = crossover("sv_splice", [a, b], seed=0, top=3)
+    for pair in lora_pairs(a):
+        ua, sa, vha = torch.linalg.svd(_delta(a, pair), full_matrices=False)
+        ub, sb, vhb = torch.linalg.svd(_delta(b, pair), full_matrices=False)
+        target = (ua[:, :3] * sa[:3]) @ vha[:3] + (ub[:, :1] * sb[:1]) @ vhb[:1]
+        assert _rel(_delta(child, pair), target) < 1e-4
+    assert all(
+        _rel(_delta(crossover("sv_splice", [a, b], seed=0, top=RANK), p), _delta(a, p)) < 1e-4
+        for p in lora_pairs(a)
+    )
+
+
+def test_ties_resolves_sign_conflicts():
+    a = _adapter(0)
+    neg = {k: (-v if "lora_B" in k else v) for k, v in a.items()}  # delta -> -delta
+    info = {}
+    crossover("ties", [a, neg], weights=[0.6, 0.4], seed=0, info=info)
+    child = crossover("ties", [a, neg], weights=[0.6, 0.4], seed=0, density=1.0)
+    # every entry's elected sign is parent 0's; the disjoint mean then keeps parent 0's delta exactly
+    for pair in lora_pairs(a):
+        assert _rel(_delta(child, pair), _delta(a, pair)) < 1e-4
+    plain = crossover("svd_mean", [a, neg], weights=[0.6, 0.4], seed=0)
+    assert _rel(_delta(plain, lora_pairs(a)[0]), 0.2 * _delta(a, lora_pairs(a)[0])) < 1e-4
+
+
+def test_bad_input_names_the_problem():
+    a, b = _adapter(0), _adapter(1)
+    with pytest.raises(ValueError, match="unknown mutation 'warp'"):
+        mutate("warp", a, seed=0)
+    with pytest.raises(ValueError, match="unknown crossover 'blend'"):
+        crossover("blend", [a, b], seed=0)
+    with pytest.raises(ValueError, match=">= 2 parent"):
+        crossover("svd_mean", [a], seed=0)
+    with pytest.raises(ValueError, match="exactly 2"):
+        crossover("slerp", [a, b, a], seed=0)
+    with pytest.raises(ValueError, match="weights"):
+        crossover("svd_mean", [a, b], weights=[1.0], seed=0)
+    with pytest.raises(ValueError, match="weights"):
+        crossover("svd_mean", [a, b], weights=[-1.0, 2.0], seed=0)
+    with pytest.raises(ValueError, match="fraction"):
+        mutate("layer_gaussian", a, seed=0, fraction=0.0)
+    with pytest.raises(ValueError, match="scale"):
+        mutate("gaussian", a, seed=0, scale=float("nan"))
+    with pytest.raises(TypeError, match="seed"):
+        mutate("gaussian", a, seed=1.5)
+    with pytest.raises(ValueError, match="NaN"):
+        key = next(iter(a))
+        mutate("gaussian", {**a, key: torch.full_like(a[key], float("nan"))}, seed=0)
+    with pytest.raises(ValueError, match="shape"):
+        crossover("svd_mean", [a, {**b, next(iter(b)): torch.zeros(RANK + 1, 24)}], seed=0)
+
+
+def test_apply_action_end_to_end_with_the_plan():
+    population = Population.create(4, 4)
+    ratings = make_ratings()
+    for i, member in enumerate(population.alive()):
+        ratings.add(member.id, mu=20.0 + i % 4, sigma=1.0)
+    adapters = {m.adapter: _adapter(i) for i, m in enumerate(population.alive())}
+    cfg = EvolutionConfig(replace_fraction=0.5, operators={"svd_fitness": 1.0, "sv_lognormal": 1.0})
+    actions = plan_evolution(population, ratings, 25, cfg, seed=0)
+    assert {a.operator for a in actions} == {"svd_fitness", "sv_lognormal"}
+    results = [apply_action(action, adapters) for action in actions]  # read every parent first
+    for action, (child, info) in zip(actions, results, strict=True):
+        assert list(child) == list(adapters[action.slot])
+        assert info["operator"] == action.operator and info["parents"] == list(action.parents)
+        if action.operator == "svd_fitness":
+            assert info["weights"][0] >= info["weights"][1]  # best parent first, heavier weight
+            again, _ = apply_action(action, [adapters[p] for p in action.parent_adapters])
+            assert _same(child, again)
+        adapters[action.slot] = child
+    apply_plan(population, ratings, actions, [info for _, info in results])
+    assert all("truncation_energy" in population.get(a.new_id).info for a in actions)
+    with pytest.raises(ValueError, match="no state dict"):
+        apply_action(actions[0], {"zz": _adapter(0)})
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_operators_keep_the_device_and_match_cpu_results():
+    a, b = _adapter(0), _adapter(1)
+    a_gpu = {k: v.cuda() for k, v in a.items()}
+    b_gpu = {k: v.cuda() for k, v in b.items()}
+    for name in MUTATION_NAMES:
+        child = mutate(name, a_gpu, seed=3)
+        assert all(v.is_cuda for v in child.values())
+        reference = mutate(name, a, seed=3)  # same seeded noise: drawn on the CPU on every device
+        for pair in lora_pairs(a):
+            assert _rel(_delta(child, pair).cpu(), _delta(reference, pair)) < 1e-4
+    for name in CROSSOVER_NAMES:
+        child = crossover(name, [a_gpu, b_gpu], seed=3)
+        assert all(v.is_cuda for v in child.values())
+        reference = crossover(name, [a, b], seed=3)
+        for pair in lora_pairs(a):
+            assert _rel(_delta(child, pair).cpu(), _delta(reference, pair)) < 1e-4
+
+
+def test_every_operator_handles_modules_narrower_than_the_rank():
+    gen = torch.Generator().manual_seed(0)
+
+    def narrow():
+        return {"layers.0.m.lora_A.weight": torch.randn(RANK, 10, generator=gen),
+                "layers.0.m.lora_B.weight": torch.randn(3, RANK, generator=gen),  # out 3 < rank 4
+                "layers.1.m.lora_A.weight": torch.randn(RANK, 2, generator=gen),  # in 2 < rank 4
+                "layers.1.m.lora_B.weight": torch.randn(6, RANK, generator=gen)}
+
+    a, b = narrow(), narrow()
+    children = [mutate(name, a, seed=0) for name in MUTATION_NAMES]
+    children += [crossover(name, [a, b], seed=0) for name in CROSSOVER_NAMES]
+    for child in children:
+        assert all(child[k].shape == a[k].shape and bool(torch.isfinite(child[k]).all()) for k in a)

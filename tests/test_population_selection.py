@@ -1,0 +1,179 @@
+"""Selection and the evolution plan: who is replaced, who breeds, which operator; lineage and ratings."""
+
+from collections import Counter
+
+import pytest
+
+from openrlhf_populora.population import (
+    CROSSOVER_NAMES,
+    MUTATION_NAMES,
+    EvolutionConfig,
+    Population,
+    apply_plan,
+    make_ratings,
+    plan_evolution,
+)
+
+
+def _rated(teachers, students, spread=True):
+    population = Population.create(teachers, students)
+    ratings = make_ratings()
+    for i, member in enumerate(population.alive()):
+        ratings.add(member.id, mu=25.0 + (i % max(teachers, students) if spread else 0), sigma=1.0)
+    return population, ratings
+
+
+def test_plan_replaces_the_bottom_fraction_per_role_and_keeps_elites():
+    population, ratings = _rated(8, 8)  # t7 and s7 rate best, t0 and s0 worst
+    actions = plan_evolution(population, ratings, 25, EvolutionConfig(replace_fraction=0.25), seed=0)
+    assert sorted(a.replaced for a in actions) == ["s0", "s1", "t0", "t1"]
+    assert sorted(a.new_id for a in actions) == ["s8", "s9", "t8", "t9"]
+    for action in actions:
+        assert action.slot == action.replaced and action.role == population.get(action.replaced).role
+        assert action.replaced not in action.parents
+        assert all(population.get(p).role == action.role for p in action.parents)
+        assert action.parent_adapters == tuple(population.adapter_of(p) for p in action.parents)
+        assert len(action.parents) == (2 if action.operator in CROSSOVER_NAMES else 1)
+        scores = [ratings.conservative(p) for p in action.parents]
+        assert scores == sorted(scores, reverse=True)  # best parent first
+
+
+def test_only_on_evolution_steps_and_never_for_the_baseline():
+    population, ratings = _rated(4, 4)
+    cfg = EvolutionConfig(evolve_every=5)
+    assert plan_evolution(population, ratings, 0, cfg) == []
+    assert plan_evolution(population, ratings, 7, cfg) == []
+    assert plan_evolution(population, ratings, 10, cfg) != []
+    assert plan_evolution(population, ratings, 10, EvolutionConfig(evolve_every=5, enabled=False)) == []
+    baseline = Population.baseline()
+    assert plan_evolution(baseline, make_ratings(), 10, cfg) == []
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5])
+@pytest.mark.parametrize("fraction", [0.0, 0.25, 0.5, 0.99])
+@pytest.mark.parametrize("elites", [0, 1, 2])
+def test_never_removes_every_member_or_an_elite(size, fraction, elites):
+    population, ratings = _rated(size, size)
+    cfg = EvolutionConfig(replace_fraction=fraction, elites=elites, evolve_every=1, min_age=0)
+    actions = plan_evolution(population, ratings, 1, cfg, seed=3)
+    for role, members in (("teacher", population.teachers()), ("student", population.students())):
+        ranked = sorted(members, key=lambda m: -ratings.conservative(m.id))
+        replaced = {a.replaced for a in actions if a.role == role}
+        assert len(replaced) < len(members) or not members
+        assert not replaced & {m.id for m in ranked[:elites]}
+        if fraction == 0.0 or size == 1:
+            assert not replaced
+
+
+def test_min_age_protects_young_members():
+    population, ratings = _rated(4, 4)
+    cfg = EvolutionConfig(evolve_every=5, min_age=10)
+    assert plan_evolution(population, ratings, 5, cfg) == []
+    assert plan_evolution(population, ratings, 10, cfg) != []
+    assert EvolutionConfig(evolve_every=7).effective_min_age == 7
+
+
+def test_single_survivor_forces_a_mutation():
+    population, ratings = _rated(2, 2)
+    cfg = EvolutionConfig(replace_fraction=0.5, operators={"svd_mean": 1.0, "gaussian": 1e-9})
+    for seed in range(10):
+        for action in plan_evolution(population, ratings, 25, cfg, seed=seed):
+            assert action.operator == "gaussian" and len(action.parents) == 1
+    with pytest.raises(ValueError, match="mutation"):
+        plan_evolution(population, ratings, 25, EvolutionConfig(operators={"svd_mean": 1.0}))
+
+
+def test_operator_menu_weights_and_fitness_params():
+    population, ratings = _rated(8, 8)
+    cfg = EvolutionConfig(replace_fraction=0.5, operators={"svd_fitness": 3.0, "sv_lognormal": 1.0,
+                                                           "rescale": 0.0})
+    counts = Counter()
+    for seed in range(60):
+        for action in plan_evolution(population, ratings, 25, cfg, seed=seed):
+            counts[action.operator] += 1
+            if action.operator == "svd_fitness":
+                assert action.params["fitness"] == [ratings.conservative(p) for p in action.parents]
+            else:
+                assert action.params == {}
+    assert set(counts) == {"svd_fitness", "sv_lognormal"}
+    assert counts["svd_fitness"] > 2 * counts["sv_lognormal"]
+
+
+def test_tournament_prefers_strong_parents():
+    population, ratings = _rated(8, 8)
+    parents = Counter()
+    cfg = EvolutionConfig(tournament_size=3, operators={"gaussian": 1.0})
+    for seed in range(100):
+        parents.update(a.parents[0] for a in plan_evolution(population, ratings, 25, cfg, seed=seed)
+                       if a.role == "teacher")
+    assert parents["t7"] > parents["t2"]
+
+
+def test_plan_is_pure_and_deterministic():
+    population, ratings = _rated(4, 4)
+    before = (population.to_dict(), ratings.state_dict())
+    first = plan_evolution(population, ratings, 25, EvolutionConfig(), seed=11)
+    assert first == plan_evolution(population, ratings, 25, EvolutionConfig(), seed=11)
+    assert (population.to_dict(), ratings.state_dict()) == before
+    plans = {tuple(a.seed for a in plan_evolution(population, ratings, 25, EvolutionConfig(), seed=s))
+             for s in range(5)}
+    assert len(plans) == 5
+
+
+def test_apply_plan_records_lineage_and_rates_children():
+    population, ratings = _rated(4, 4)
+    actions = plan_evolution(population, ratings, 25, EvolutionConfig(), seed=0)
+    infos = [{"truncation_energy": 0.1 * i} for i in range(len(actions))]
+    apply_plan(population, ratings, actions, infos)
+    for action, info in zip(actions, infos, strict=True):
+        child = population.get(action.new_id)
+        assert child.adapter == action.slot and child.parents == list(action.parents)
+        assert child.operator == action.operator and child.op_seed == action.seed and child.info == info
+        assert not population.get(action.replaced).alive
+        assert ratings.has(action.new_id)
+        mean_mu = sum(ratings.mu(p) for p in action.parents) / len(action.parents)
+        assert ratings.mu(action.new_id) == pytest.approx(mean_mu)
+    assert len(population.teachers()) == 4 and len(population.students()) == 4
+    # applying the same plan twice fails before changing anything
+    snapshot = population.to_dict()
+    with pytest.raises(ValueError):
+        apply_plan(population, ratings, actions)
+    assert population.to_dict() == snapshot
+    # the next plan uses fresh ids
+    later = plan_evolution(population, ratings, 50, EvolutionConfig(min_age=0), seed=0)
+    assert not {a.new_id for a in later} & {m.id for m in population.members}
+
+
+def test_action_round_trips_to_dict():
+    population, ratings = _rated(4, 4)
+    (action, *_) = plan_evolution(population, ratings, 25, EvolutionConfig(), seed=0)
+    data = action.to_dict()
+    assert data["slot"] == action.slot and data["parents"] == list(action.parents)
+    assert action.kind in ("mutation", "crossover")
+
+
+def test_bad_input():
+    population, ratings = _rated(2, 2)
+    with pytest.raises(ValueError, match="evolve_every"):
+        plan_evolution(population, ratings, 10, EvolutionConfig(evolve_every=0))
+    with pytest.raises(ValueError, match="evolve_every"):
+        EvolutionConfig(evolve_every=-3).validate()
+    with pytest.raises(ValueError, match="unknown evolution operator 'crossbreed'"):
+        plan_evolution(population, ratings, 25, EvolutionConfig(operators={"crossbreed": 1.0}))
+    with pytest.raises(ValueError, match="empty"):
+        plan_evolution(Population(), ratings, 25, EvolutionConfig())
+    with pytest.raises(ValueError, match="replace_fraction"):
+        EvolutionConfig(replace_fraction=1.0).validate()
+    with pytest.raises(ValueError, match="weight"):
+        EvolutionConfig(operators={"gaussian": -1.0}).validate()
+    with pytest.raises(ValueError, match="positive weight"):
+        EvolutionConfig(operators={"gaussian": 0.0}).validate()
+    with pytest.raises(ValueError, match="without a rating"):
+        plan_evolution(population, make_ratings(), 25, EvolutionConfig())
+
+
+def test_default_menu_names_are_known_operators():
+    cfg = EvolutionConfig()
+    cfg.validate()
+    assert set(cfg.operators) <= set(MUTATION_NAMES) | set(CROSSOVER_NAMES)
+    assert "copy_parent" not in cfg.operators and "linear_0_5" not in cfg.operators  # controls are opt-in
