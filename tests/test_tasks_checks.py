@@ -1,0 +1,234 @@
+"""Proposal validity end to end, through the real sandbox."""
+
+import pytest
+
+from openrlhf_populora.sandbox import Sandbox
+from openrlhf_populora.tasks import Task, TaskRules, check_proposal, check_proposals, zero_triplet
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    with Sandbox(workers=2, timeout_s=2.0, memory_mb=256) as sb:
+        yield sb
+
+
+class CountingSandbox:
+    """Delegates to a real sandbox and records each batch it receives."""
+
+    def __init__(self, inner):
+        self.inner, self.batches = inner, []
+
+    def run(self, jobs):
+        self.batches.append(list(jobs))
+        return self.inner.run(jobs)
+
+
+def proposal(program: str, inputs: str = "1", tags: bool = True) -> str:
+    body = f"```python\n{program}\n```\n```input\n{inputs}\n```"
+    return f"<think>plan</think>\n<answer>\n{body}\n</answer>" if tags else body
+
+
+def induction(inputs: list[str], message: str | None = "hint") -> str:
+    blocks = "".join(f"```input\n{x}\n```\n" for x in inputs)
+    msg = f"```message\n{message}\n```" if message is not None else ""
+    return f"<think>p</think><answer>{blocks}{msg}</answer>"
+
+
+def test_valid_code_o_and_code_i_proposals(sandbox):
+    text = proposal("def count(s):\n    return {c: s.count(c) for c in sorted(set(s))}", "'abca'")
+    for task_type in ("code_o", "code_i"):
+        check = check_proposal(task_type, text, sandbox, proposer="t3", step=5)
+        assert check.valid and check.reason == "ok" and check.tags_ok
+        task = check.task
+        assert task.task_type == task_type and task.inputs == ["'abca'"] and task.outputs == ["{'a': 2, 'b': 1, 'c': 1}"]
+        assert task.proposer == "t3" and task.step == 5 and "def f(s)" in task.program
+        assert Task.from_json(task.to_json()) == task
+
+
+@pytest.mark.parametrize("program, inputs, reason", [
+    ("import os\ndef f(x):\n    return x", "1", "banned_module:os"),
+    ("def f(x):\n    return __import__('time').time()", "1", "banned_call:__import__"),
+    ("def f(x):\n    return input()", "1", "banned_call:input"),
+    ("def f(x):\n    return x +", "1", "program_syntax"),
+    ("x = 3", "1", "program_no_function"),
+    ("def f(x):\n    return x", "1)\nimport os\nf(1", "input_syntax"),
+    ("def f(x):\n    return x", "len([1])", "input_not_a_value"),
+    ("def f(x):\n    raise ValueError(x)", "1", "run_error"),
+    ("def f(x):\n    return x", "1, 2", "run_error"),  # wrong arity
+    ("def f(x):\n    return None", "1", "output_none"),
+    ("def f(x):\n    return float('nan')", "1", "output_not_literal"),  # NaN never equals itself
+    ("def f(x):\n    return [x, float('inf')]", "1", "output_not_literal"),
+    ("def f(x):\n    return {x: object}", "1", "output_not_literal"),
+    ("class A:\n    def __repr__(self):\n        return '1'\ndef f(x):\n    return A()", "1",
+     "output_not_round_trip"),
+    ("def f(x):\n    return 'a' * 401", "1", "output_too_long"),  # AZR truncated it to 400 chars (pitfall 5)
+])
+def test_invalid_proposals(sandbox, program, inputs, reason):
+    check = check_proposal("code_o", proposal(program, inputs), sandbox)
+    assert not check.valid and check.task is None
+    assert check.reason == reason
+
+
+def test_timeout_is_invalid():
+    with Sandbox(workers=1, timeout_s=0.5, memory_mb=256) as sb:
+        check = check_proposal("code_o", proposal("def f(x):\n    while True:\n        x += 1"), sb)
+    assert not check.valid and check.reason == "timeout"
+
+
+def test_memory_hog_is_invalid(sandbox):
+    # AZR's executor had no memory limit: ``[0] * 10**10`` could take the node down (pitfall 1/14).
+    check = check_proposal("code_o", proposal("def f(x):\n    return len([0] * (10 ** 9 * x))"), sandbox)
+    assert not check.valid and check.reason == "run_memory"
+
+
+def test_nondeterminism_across_separate_executions(sandbox):
+    # ``time`` is banned by default; allow it here to show the two runs are separate executions.
+    rules = TaskRules(banned_modules=())
+    text = proposal("import time\ndef f(x):\n    return time.time_ns() % 1000003 + x")
+    check = check_proposal("code_o", text, sandbox, rules=rules)
+    assert not check.valid and check.reason == "nondeterministic"
+    text = proposal("def f(x):\n    return object()")  # a repr with an address: never a valid output
+    assert check_proposal("code_o", text, sandbox).reason in ("nondeterministic", "output_not_literal")
+
+
+def test_long_outputs_allowed_up_to_the_configured_cap(sandbox):
+    text = proposal("def f(x):\n    return 'a' * 401")
+    check = check_proposal("code_o", text, sandbox, rules=TaskRules(max_output_chars=1000))
+    assert check.valid and check.task.outputs == ["'" + "a" * 401 + "'"]  # never truncated
+
+
+POINT = """
+class Point:
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __eq__(self, other):
+        return isinstance(other, Point) and (self.x, self.y) == (other.x, other.y)
+
+    def __repr__(self):
+        return f"Point(x={self.x!r}, y={self.y!r})"
+"""
+
+
+def test_custom_classes_and_helpers(sandbox):
+    program = POINT + """
+def shift(p, d):
+    return Point(p.x + d, p.y - d)
+
+def move(p, steps):
+    for _ in range(steps):
+        p = shift(p, 1)
+    return p
+"""
+    check = check_proposal("code_o", proposal(program, "Point(1, 2), 3"), sandbox)
+    assert check.valid, check.reason
+    assert check.task.outputs == ["Point(x=4, y=-1)"] and check.task.meta == {"renamed_from": "move"}
+
+
+def test_programs_may_import_the_standard_library(sandbox):
+    program = ("import heapq\nimport json\nfrom dataclasses import dataclass\n\n@dataclass(frozen=True)\n"
+               "class P:\n    x: int\n\ndef f(xs):\n    heapq.heapify(xs)\n    return P(json.loads(str(xs[0])))")
+    check = check_proposal("code_o", proposal(program, "[3, 1, 2]"), sandbox)
+    assert check.valid, check.reason
+    assert check.task.outputs == ["P(x=1)"]
+
+
+def test_unicode_and_tricky_values(sandbox):
+    text = proposal("def f(s):\n    return (s.upper(), {1, 2}, frozenset(), (1+2j), b'x', -0.5)", "'héllo ✓'")
+    check = check_proposal("code_o", text, sandbox)
+    assert check.valid, check.reason
+    assert check.task.outputs == ["('HÉLLO ✓', {1, 2}, frozenset(), (1+2j), b'x', -0.5)"]
+
+
+def test_top_level_prints_are_stripped_before_running(sandbox):
+    text = proposal("def f(x):\n    return x * 2\nprint(f(3))\nwhile True:\n    pass", "4")
+    check = check_proposal("code_o", text, sandbox)
+    assert not check.valid  # the top-level loop is a statement kept (only calls/prints are stripped)
+    check = check_proposal("code_o", proposal("def f(x):\n    return x * 2\nprint(f(3))", "4"), sandbox)
+    assert check.valid and "print" not in check.task.program
+
+
+def test_require_tags(sandbox):
+    text = proposal("def f(x):\n    return x", tags=False)
+    assert check_proposal("code_o", text, sandbox).valid
+    check = check_proposal("code_o", text, sandbox, rules=TaskRules(require_tags=True))
+    assert not check.valid and check.reason == "format"
+
+
+def test_garbage_never_raises(sandbox):
+    garbage = ["", "\x00\x01", "<answer></answer>", "```python\n```", "```input\n1\n```", "💥" * 1000,
+               "<answer>" * 50, "x" * 1_000_000, "```python\ndef f(x):\n    return x\n```\n```input\n```"]
+    checks = check_proposals("code_i", garbage, sandbox)
+    assert [c.valid for c in checks] == [False] * len(garbage)
+    assert check_proposals("code_o", [], sandbox) == []
+    assert check_proposals("code_o", [None], sandbox)[0].reason == "not_text"  # type: ignore[list-item]
+
+
+def test_one_sandbox_batch_per_call(sandbox):
+    counting = CountingSandbox(sandbox)
+    texts = [proposal(f"def f(x):\n    return x + {k}") for k in range(4)] + ["junk"]
+    checks = check_proposals("code_o", texts, counting, proposer=["a", "b", "c", "d", "e"])
+    assert [c.valid for c in checks] == [True] * 4 + [False]
+    assert [c.task.proposer for c in checks[:4]] == ["a", "b", "c", "d"]
+    assert len(counting.batches) == 1 and len(counting.batches[0]) == 4 * 2  # two runs each
+    with pytest.raises(ValueError):
+        check_proposals("code_o", texts, counting, proposer=["a"])
+
+
+# ------------------------------------------------------------------------------------------- code_f
+
+
+INPUTS = [f"'{w}'" for w in ("a", "bb", "abc", "xyzzy", "", "hello", "q", "rr", "level", "zz")]
+
+
+def test_valid_induction_proposal(sandbox):
+    program = Task("code_o", "def f(s):\n    return s[::-1]\n", ["'ab'"], ["'ba'"])
+    check = check_proposal("code_f", induction(INPUTS, "reverse it"), sandbox, program=program, step=2)
+    assert check.valid, check.reason
+    task = check.task
+    assert task.task_type == "code_f" and task.message == "reverse it" and task.step == 2
+    assert task.inputs == INPUTS and task.outputs[3] == "'yzzyx'"
+    assert task.shown == [0, 1, 2, 3, 4] and task.hidden == [5, 6, 7, 8, 9]
+
+
+def test_induction_keeps_last_n_distinct_inputs(sandbox):
+    program = "def f(s):\n    return len(s)\n"
+    texts = induction(["'extra1'", "'extra2'"] + INPUTS + ["'a'"])  # a trailing duplicate collapses
+    check = check_proposal("code_f", texts, sandbox, program=program)
+    assert check.valid and check.task.inputs == INPUTS  # AZR: only the last 10 blocks count
+
+
+@pytest.mark.parametrize("text, reason", [
+    (induction(INPUTS[:9]), "too_few_inputs"),
+    (induction(INPUTS[:5] * 2), "too_few_inputs"),  # duplicates do not count
+    (induction(INPUTS, message=None), "no_message"),
+    (induction(INPUTS[:9] + ["1"]), "run_error"),  # one input that crashes f invalidates the proposal
+    (induction(INPUTS[:9] + ["__import__('os')"]), "input_not_a_value"),
+])
+def test_invalid_induction_proposals(sandbox, text, reason):
+    check = check_proposal("code_f", text, sandbox, program="def f(s):\n    return s[::-1]\n")
+    assert not check.valid and check.reason == reason
+
+
+def test_induction_needs_its_program(sandbox):
+    with pytest.raises(ValueError):
+        check_proposal("code_f", induction(INPUTS), sandbox)
+    checks = check_proposals("code_f", [induction(INPUTS)] * 2, sandbox,
+                             programs=[zero_triplet(), "def f(s):\n    return len(s)\n"])
+    assert checks[0].task.outputs == INPUTS and checks[1].task.outputs[2] == "3"
+
+
+def test_indented_blocks_and_uppercase_tags(sandbox):
+    text = ("Sure!\n<answer>\n    ```Python\n    def g(xs):\n        return sum(xs)\n    ```\n"
+            "    ```input\n    [1, 2, 3]\n    ```\n</answer>")
+    check = check_proposal("code_i", text, sandbox)
+    assert check.valid, check.reason
+    assert check.task.program == "def f(xs):\n    return sum(xs)\n" and check.task.outputs == ["6"]
+
+
+def test_exec_time_and_provenance_are_recorded(sandbox):
+    check = check_proposal("code_o", proposal("def f(x):\n    return x"), sandbox)
+    assert check.exec_s > 0 and check.to_dict()["task"]["program"] == check.task.program
+    source = Task("code_o", "def f(s):\n    return s[::-1]\n", ["'ab'"], ["'ba'"])
+    check = check_proposal("code_f", induction(INPUTS), sandbox, program=source)
+    assert check.task.meta["source"] == source.key()
