@@ -8,6 +8,7 @@ at module level (see shared/reference/openrlhf-0.11.2.md, section 4) and raise i
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import os
 import sys
 import types
@@ -34,6 +35,8 @@ def _importable(name: str) -> bool:
 
 def _stub_module(name: str, **attrs) -> types.ModuleType:
     module = types.ModuleType(name)
+    # a spec (find_spec must not raise), but no __file__: transformers then treats it as not installed
+    module.__spec__ = importlib.machinery.ModuleSpec(name, loader=None, is_package="__path__" in attrs)
     module.__dict__.update(attrs)
     module.__populora_stub__ = True
     sys.modules[name] = module

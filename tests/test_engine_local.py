@@ -1,0 +1,361 @@
+"""The embedded engine on the tiny random model: generation, training, adapter I/O, state."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+
+from openrlhf_populora.engines.base import BASE_ADAPTER, Engine, GenerationRequest, SamplingParams, Trajectory
+from openrlhf_populora.engines.local import LocalEngine, LocalEngineConfig, native_policy_loss
+from openrlhf_populora.models.tiny import build_tiny_model
+
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)
+
+
+def make_engine(adapters=("t0", "t1", "s0"), randomize=True, **overrides) -> LocalEngine:
+    """Tiny-model engine; ``randomize`` gives every adapter random non-zero B so adapters differ."""
+    model, tokenizer = build_tiny_model(seed=0)
+    settings = {"lr": 1e-2, "policy_loss": "native", "micro_batch_size": 4, **overrides}
+    config = LocalEngineConfig(**settings)
+    engine = LocalEngine(config, model, tokenizer)
+    gen = torch.Generator().manual_seed(123)
+    for name in adapters:
+        engine.add_adapter(name)
+        if randomize:
+            weights = engine.get_adapter(name)
+            engine.set_adapter(name, {k: torch.randn(v.shape, generator=gen) * 0.3 for k, v in weights.items()})
+    return engine
+
+
+def prompts(engine: LocalEngine, k: int = 4) -> list[str]:
+    return [engine.render_prompt(f"task {i}: " + "x" * (3 * i)) for i in range(k)]
+
+
+def trajectories(engine: LocalEngine, adapters, advantages=(1.0, -0.5, 0.25)) -> list[Trajectory]:
+    """Deterministic scored trajectories (sampled once with a fixed seed)."""
+    reqs = [GenerationRequest(a, p, n=2) for a in adapters for p in prompts(engine, 3)]
+    outs = engine.generate(reqs, SamplingParams(temperature=1.0, max_new_tokens=10, seed=7))
+    flat = [c for group in outs for c in group]
+    return [Trajectory(c.adapter, c.prompt_ids, c.response_ids, advantages[i % len(advantages)])
+            for i, c in enumerate(flat)]
+
+
+def snapshot(engine: LocalEngine, name: str):
+    opt = engine._optimizers[name].state_dict()
+    state = {k: {kk: vv.clone() if torch.is_tensor(vv) else vv for kk, vv in v.items()}
+             for k, v in opt["state"].items()}
+    return engine.get_adapter(name), state
+
+
+def same_snapshot(a, b) -> bool:
+    (wa, sa), (wb, sb) = a, b
+    weights = set(wa) == set(wb) and all(torch.equal(wa[k], wb[k]) for k in wa)
+    states = set(sa) == set(sb) and all(
+        torch.equal(sa[i][k], sb[i][k]) if torch.is_tensor(sa[i][k]) else sa[i][k] == sb[i][k]
+        for i in sa for k in sa[i]
+    )
+    return weights and states
+
+
+def test_engine_satisfies_protocol():
+    engine = make_engine(adapters=("t0",))
+    assert isinstance(engine, Engine)
+    assert engine.adapter_names() == ["t0"]
+
+
+def test_adapter_isolation():
+    engine = make_engine()
+    engine.train_step(trajectories(engine, ["t0", "t1", "s0"]))  # every adapter now has Adam state
+    before = {name: snapshot(engine, name) for name in engine.adapter_names()}
+    stats = engine.train_step(trajectories(engine, ["t0"]))
+    assert set(stats) == {"t0"}
+    assert same_snapshot(snapshot(engine, "t1"), before["t1"])
+    assert same_snapshot(snapshot(engine, "s0"), before["s0"])
+    assert not same_snapshot(snapshot(engine, "t0"), before["t0"])
+
+
+@pytest.mark.parametrize("mixed_lora", ["stacked", "peft"])
+def test_mixed_batch_generation_equals_per_adapter_generation(mixed_lora):
+    engine = make_engine(mixed_lora=mixed_lora)
+    names = ["t0", "t1", "s0", BASE_ADAPTER]
+    reqs = [GenerationRequest(names[i % 4], p, n=2) for i, p in enumerate(prompts(engine, 8))]
+    mixed = engine.generate(reqs, GREEDY)
+    for req, group in zip(reqs, mixed, strict=True):
+        alone = engine.generate([req], GREEDY)[0]
+        assert [c.response_ids for c in alone] == [c.response_ids for c in group]
+        assert all(c.adapter == req.adapter for c in group)
+    # the adapters really differ, so the equality above is not trivial
+    p = prompts(engine, 1)[0]
+    outs = engine.generate([GenerationRequest(a, p) for a in names], GREEDY)
+    assert len({tuple(o[0].response_ids) for o in outs}) == 4
+
+
+def test_stacked_lora_generation_matches_peft_mixed_batches():
+    names = ["t0", "t1", "s0", BASE_ADAPTER]
+    outs = []
+    for mode in ("stacked", "peft"):
+        engine = make_engine(mixed_lora=mode)
+        reqs = [GenerationRequest(names[i % 4], p, n=1) for i, p in enumerate(prompts(engine, 8))]
+        outs.append([g[0].response_ids for g in engine.generate(reqs, GREEDY)])
+        sampled = SamplingParams(temperature=0.8, top_p=0.95, max_new_tokens=12, seed=5)
+        outs.append([g[0].response_ids for g in engine.generate(reqs, sampled)])
+    assert outs[0] == outs[2] and outs[1] == outs[3]
+
+
+def test_seeded_sampling_is_reproducible_and_independent_of_batching():
+    engine = make_engine(generation_batch_size=3)
+    reqs = [GenerationRequest(a, p, n=3) for a, p in zip(["t0", "t1", "s0", "t0"], prompts(engine), strict=True)]
+    params = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=10, seed=11)
+    first = engine.generate(reqs, params)
+    again = engine.generate(reqs, params)
+    assert [[c.response_ids for c in g] for g in first] == [[c.response_ids for c in g] for g in again]
+    one_by_one = [engine.generate([r], params)[0] for r in reqs]
+    # request i keeps its seed stream only when it keeps its index, so compare the first request alone
+    assert [c.response_ids for c in one_by_one[0]] == [c.response_ids for c in first[0]]
+    other = engine.generate(reqs, SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=10, seed=12))
+    assert [[c.response_ids for c in g] for g in other] != [[c.response_ids for c in g] for g in first]
+    # the n samples of one request differ from each other
+    assert len({tuple(c.response_ids) for c in first[0]}) > 1
+
+
+def test_unseeded_generation_is_reproducible_from_the_engine_seed():
+    a, b = make_engine(), make_engine()
+    reqs = [GenerationRequest("t0", p, n=2) for p in prompts(a, 2)]
+    params = SamplingParams(temperature=1.0, max_new_tokens=8)
+    out_a = [a.generate(reqs, params) for _ in range(2)]
+    out_b = [b.generate(reqs, params) for _ in range(2)]
+    ids = [[[c.response_ids for c in g] for g in call] for call in out_a]
+    assert ids == [[[c.response_ids for c in g] for g in call] for call in out_b]
+    assert ids[0] != ids[1]  # successive calls draw fresh seeds
+
+
+def test_generation_stops_at_eos_and_reports_it():
+    engine = make_engine(adapters=("t0",))
+    req = GenerationRequest("t0", prompts(engine, 1)[0])
+    long = engine.generate([req], GREEDY)[0][0]
+    assert not long.finished and len(long.response_ids) == GREEDY.max_new_tokens
+    stop = long.response_ids[4]
+    engine.stop_ids = {stop}  # pretend that token is EOS: the real stop logic must cut there
+    cut = engine.generate([req], GREEDY)[0][0]
+    first = long.response_ids.index(stop)
+    assert cut.finished and cut.response_ids == long.response_ids[: first + 1]
+    assert cut.text == engine.tokenizer.decode(cut.response_ids, skip_special_tokens=True)
+
+
+def test_set_adapter_resets_optimizer_state():
+    engine = make_engine()
+    batch = trajectories(engine, ["t0"])
+    engine.train_step(batch)
+    assert engine._optimizers["t0"].state  # Adam moments exist
+    weights = engine.get_adapter("t0")
+    engine.set_adapter("t0", weights)
+    assert not engine._optimizers["t0"].state
+    # the next step equals a step from a fresh adapter holding the same weights
+    fresh = make_engine(adapters=("t0",), randomize=False)
+    fresh.set_adapter("t0", weights)
+    assert engine.train_step(batch) == fresh.train_step(batch)
+    assert same_snapshot(snapshot(engine, "t0"), snapshot(fresh, "t0"))
+
+
+def test_fresh_adapter_init_depends_on_name_not_order():
+    a = make_engine(adapters=("x", "y"), randomize=False)
+    b = make_engine(adapters=("y", "x"), randomize=False)
+    for name in ("x", "y"):
+        wa, wb = a.get_adapter(name), b.get_adapter(name)
+        assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert not torch.equal(*(next(iter(a.get_adapter(n).values())) for n in ("x", "y")))
+
+
+def test_save_adapter_loads_with_peft_and_gives_the_same_logits(tmp_path):
+    from peft import PeftModel
+
+    engine = make_engine()
+    engine.save_adapter("t1", str(tmp_path / "t1"))
+    assert (tmp_path / "t1" / "adapter_config.json").is_file()
+    assert (tmp_path / "t1" / "adapter_model.safetensors").is_file()
+    loaded = PeftModel.from_pretrained(build_tiny_model(seed=0)[0], str(tmp_path / "t1")).eval()
+    ids = torch.tensor([engine.encode(prompts(engine, 1)[0])])
+    with torch.no_grad():
+        expected = engine.peft(input_ids=ids, adapter_names=["t1"]).logits
+        got = loaded(input_ids=ids).logits
+        base = engine.peft(input_ids=ids, adapter_names=[BASE_ADAPTER]).logits
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+    assert not torch.allclose(got, base, atol=1e-3)
+
+
+def test_save_and_load_state_resume_exactly(tmp_path):
+    a = make_engine()
+    batch1, batch2 = trajectories(a, ["t0", "t1"]), trajectories(a, ["t0", "s0"], advantages=(-1.0, 0.5))
+    a.train_step(batch1)
+    a.generate([GenerationRequest("t0", "hi")], SamplingParams(max_new_tokens=2))
+    a.save_state(str(tmp_path / "ckpt"))
+    stats_a = a.train_step(batch2)
+    gen_a = a.generate([GenerationRequest("s0", "hi", n=2)], SamplingParams(max_new_tokens=6))
+
+    b = make_engine(adapters=("t0", "zz"))  # "zz" is not in the state: removed; t1, s0 are created
+    b.load_state(str(tmp_path / "ckpt"))
+    assert b.adapter_names() == ["t0", "t1", "s0"]
+    stats_b = b.train_step(batch2)
+    gen_b = b.generate([GenerationRequest("s0", "hi", n=2)], SamplingParams(max_new_tokens=6))
+    assert stats_a == stats_b
+    for name in a.adapter_names():
+        assert same_snapshot(snapshot(a, name), snapshot(b, name))
+    assert [c.response_ids for c in gen_a[0]] == [c.response_ids for c in gen_b[0]]
+
+
+def test_positive_advantage_increases_log_prob_and_negative_decreases_it():
+    engine = make_engine(adapters=("t0", "t1"))
+    prompt_ids = engine.encode(prompts(engine, 1)[0])
+    response = engine.encode("def f(x):\n    return x")
+    up, down = Trajectory("t0", prompt_ids, response, 1.0), Trajectory("t1", prompt_ids, response, -1.0)
+    before = engine.response_log_probs([up, down])
+    stats = engine.train_step([up, down])
+    after = engine.response_log_probs([up, down])
+    assert after[0] > before[0] and after[1] < before[1]
+    assert stats["t0"]["num_tokens"] == len(response) and stats["t0"]["clip_ratio"] == 0.0
+    assert stats["t0"]["grad_norm"] > 0 and stats["t0"]["entropy"] > 0
+
+
+def test_micro_batching_does_not_change_the_update():
+    batches = []
+    for micro in (1, 8):
+        engine = make_engine(micro_batch_size=micro)
+        stats = engine.train_step(trajectories(engine, ["t0"]))
+        batches.append((stats["t0"], engine.get_adapter("t0")))
+    (s1, w1), (s8, w8) = batches
+    assert s1["loss"] == pytest.approx(s8["loss"], abs=1e-5)
+    assert s1["grad_norm"] == pytest.approx(s8["grad_norm"], rel=1e-4)
+    for k in w1:  # Adam's first step is ~lr * sign(grad): allow rounding on near-zero gradients
+        torch.testing.assert_close(w1[k], w8[k], rtol=1e-3, atol=1e-4)
+
+
+def test_reusing_the_update_pass_as_old_log_probs_is_exact_without_dropout():
+    results = []
+    for mode in ("auto", "recompute"):
+        engine = make_engine(old_logprobs=mode)
+        batch = trajectories(engine, ["t0", "s0"])
+        results.append((engine.train_step(batch), engine.train_step(batch), snapshot(engine, "t0")))
+    assert results[0][:2] == results[1][:2]
+    assert same_snapshot(results[0][2], results[1][2])
+
+
+def test_lora_dropout_trains_with_recomputed_old_log_probs():
+    engine = make_engine(adapters=("t0",), lora_dropout=0.3)
+    before = engine.get_adapter("t0")
+    stats = engine.train_step(trajectories(engine, ["t0"]))["t0"]
+    assert 0.0 <= stats["clip_ratio"] <= 1.0 and stats["grad_norm"] > 0
+    assert any(not torch.equal(before[k], v) for k, v in engine.get_adapter("t0").items())
+
+
+def test_native_policy_loss_clips_like_ppo():
+    logp = torch.tensor([[0.0, 0.5, -0.5]])
+    old = torch.zeros(1, 3)
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    loss, clipped = native_policy_loss(logp, old, torch.ones(1, 3), mask, 2.0, 0.2, 0.2)
+    # token 0: ratio 1 -> -1; token 1: ratio e^0.5 clipped to 1.2 -> -1.2; token 2 masked
+    assert loss.item() == pytest.approx(-(1.0 + 1.2) / 2)
+    assert clipped.item() == 1.0
+
+
+def _import_openrlhf_policy_loss(monkeypatch):
+    """OpenRLHF's PolicyLoss; stubs ``flash_attn`` (a CUDA-only import-time dependency) when missing."""
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError:
+        from importlib.machinery import ModuleSpec
+
+        stub = types.ModuleType("flash_attn")
+        stub.__spec__ = ModuleSpec("flash_attn", None)  # transformers calls find_spec("flash_attn")
+        padding = types.ModuleType("flash_attn.bert_padding")
+        for fn in ("index_first_axis", "pad_input", "unpad_input"):
+            setattr(padding, fn, lambda *a, **k: (_ for _ in ()).throw(NotImplementedError("flash_attn stub")))
+        from einops import rearrange
+
+        padding.rearrange = rearrange
+        utils, dist = types.ModuleType("flash_attn.utils"), types.ModuleType("flash_attn.utils.distributed")
+        dist.all_gather = padding.pad_input
+        for name, module in [("flash_attn", stub), ("flash_attn.bert_padding", padding),
+                             ("flash_attn.utils", utils), ("flash_attn.utils.distributed", dist)]:
+            monkeypatch.setitem(sys.modules, name, module)
+    from openrlhf.models.loss import PolicyLoss
+
+    return PolicyLoss
+
+
+@pytest.mark.slow
+def test_openrlhf_policy_loss_gives_the_same_loss_and_step(monkeypatch):
+    import openrlhf_populora.engines.local as local
+
+    policy_loss_cls = _import_openrlhf_policy_loss(monkeypatch)
+    gen = torch.Generator().manual_seed(0)
+    logp, old = torch.randn(3, 5, generator=gen) * 0.3, torch.randn(3, 5, generator=gen) * 0.3
+    adv = torch.randn(3, 1, generator=gen).expand(3, 5)
+    mask = (torch.rand(3, 5, generator=gen) > 0.3).float()
+    ours, clipped = native_policy_loss(logp, old, adv, mask, 11.0, 0.2, 0.28)
+    theirs, clip_ratio, *_ = policy_loss_cls(0.2, 0.28)(logp, old, adv, action_mask=mask, batch_num_tokens=11.0)
+    torch.testing.assert_close(ours, theirs)
+    assert clipped.item() == pytest.approx((clip_ratio * mask.sum()).item())
+
+    monkeypatch.setattr(local, "_OPENRLHF_POLICY_LOSS", [policy_loss_cls])
+    engines = [make_engine(policy_loss=choice) for choice in ("native", "openrlhf")]
+    assert engines[1].policy_loss_source == "openrlhf"
+    batch = trajectories(engines[0], ["t0", "s0"])
+    native_stats, openrlhf_stats = (e.train_step(batch) for e in engines)
+    for name in native_stats:
+        for key, value in native_stats[name].items():
+            assert openrlhf_stats[name][key] == pytest.approx(value, rel=1e-6, abs=1e-7)
+
+
+def test_remove_adapter_and_bad_inputs():
+    engine = make_engine()
+    engine.remove_adapter("t1")
+    assert engine.adapter_names() == ["t0", "s0"]
+    with pytest.raises(KeyError, match="unknown adapter 't1'"):
+        engine.generate([GenerationRequest("t1", "hi")], GREEDY)
+    with pytest.raises(ValueError, match="already exists"):
+        engine.add_adapter("t0")
+    for bad in ("", "a.b", BASE_ADAPTER):
+        with pytest.raises(ValueError, match="invalid adapter name"):
+            engine.add_adapter(bad)
+    with pytest.raises(ValueError, match="sampling params"):
+        engine.generate([GenerationRequest("t0", "hi")], SamplingParams(top_p=0.0))
+    with pytest.raises(ValueError, match="keys do not match"):
+        engine.set_adapter("t0", {"nope": torch.zeros(1)})
+    weights = engine.get_adapter("t0")
+    key = next(iter(weights))
+    with pytest.raises(ValueError, match="has shape"):
+        engine.set_adapter("t0", {**weights, key: torch.zeros(3, 3)})
+    with pytest.raises(ValueError, match="empty prompt or response"):
+        engine.train_step([Trajectory("t0", [1, 2], [], 1.0)])
+    with pytest.raises(ValueError, match="non-finite advantage"):
+        engine.train_step([Trajectory("t0", [1, 2], [3], float("nan"))])
+    with pytest.raises(ValueError, match="dtype"):
+        LocalEngineConfig(dtype="fp8").validate()
+    # removing every adapter leaves a working base model
+    engine.remove_adapter("t0")
+    engine.remove_adapter("s0")
+    out = engine.generate([GenerationRequest(BASE_ADAPTER, "hi")], GREEDY)
+    assert len(out[0][0].response_ids) == GREEDY.max_new_tokens
+    engine.add_adapter("new")
+    assert engine.adapter_names() == ["new"]
+
+
+def test_target_modules_as_openrlhf_gives_them():
+    listed = make_engine(adapters=("t0",), randomize=False, lora_target_modules=["all-linear"])
+    named = make_engine(adapters=("t0",), randomize=False, lora_target_modules=["q_proj", "v_proj"])
+    assert len(listed.get_adapter("t0")) == 2 * 2 * 7  # 2 layers x 7 projections x (A, B)
+    assert set(named.get_adapter("t0")) == {k for k in listed.get_adapter("t0") if "q_proj" in k or "v_proj" in k}
+
+
+def test_bf16_base_trains_fp32_adapters():
+    engine = make_engine(adapters=("t0",), dtype="bf16")
+    assert next(engine.base.parameters()).dtype == torch.bfloat16
+    assert all(p.dtype == torch.float32 for p in engine._adapters["t0"].values())
+    before = engine.get_adapter("t0")
+    stats = engine.train_step(trajectories(engine, ["t0"]))
+    assert torch.isfinite(torch.tensor(stats["t0"]["loss"]))
+    after = engine.get_adapter("t0")
+    assert any(not torch.equal(before[k], after[k]) for k in before)
