@@ -1,0 +1,198 @@
+"""Which adapters to evaluate: members of a run directory, checked for compatibility.
+
+A run directory (written by the training loop) holds ``config.yaml`` (base model under
+``actor.model_name_or_path``), ``population.json`` (members, roles, ratings) and one PEFT adapter per member
+under ``adapters/<member_id>/`` (``adapter_config.json`` + ``adapter_model.safetensors``). The evaluator
+itself only needs (base model, {name: adapter directory}); this module is the one place that knows the run
+layout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+BASE_MEMBER = "base"  # the name the base model (no adapter) gets in results
+SOLVER_ROLES = ("student", "both")
+
+
+@dataclass
+class EvalMember:
+    """One thing to evaluate: an adapter directory, or the base model when ``adapter_dir`` is None."""
+
+    name: str
+    adapter_dir: Path | None
+    role: str = "member"  # teacher / student / both (baseline agent) / member (unknown) / base
+    rating: float | None = None  # conservative rating (mu - 3 sigma) when the run recorded one
+
+
+@dataclass
+class RunMembers:
+    run_dir: Path
+    base_model: str
+    members: list[EvalMember]
+
+
+def _read_base_model(run_dir: Path) -> str:
+    config_path = run_dir / "config.yaml"
+    if not config_path.is_file():
+        raise ValueError(f"{config_path} not found: is {run_dir} a run directory? Fix: pass the run's directory "
+                         "(the training output_dir) or give the base model with --base-model.")
+    try:
+        config = yaml.safe_load(config_path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{config_path} is not valid YAML: {exc}") from None
+    model = (config.get("actor") or {}).get("model_name_or_path") if isinstance(config, dict) else None
+    if not model:
+        raise ValueError(f"{config_path} has no actor.model_name_or_path. Fix: add it or pass --base-model.")
+    return str(model)
+
+
+def _adapter_dir(adapters: Path, member: dict[str, Any]) -> Path | None:
+    for name in (member.get("id"), member.get("adapter")):
+        if name and (adapters / str(name) / "adapter_config.json").is_file():
+            return adapters / str(name)
+    return None
+
+
+def load_run_members(run_dir: str | Path, base_model: str | None = None) -> RunMembers:
+    """The base model and the living members of a run, each with its adapter directory."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ValueError(f"run directory {run_dir} does not exist. Fix: pass --run <the training output_dir>.")
+    base = base_model or _read_base_model(run_dir)
+    adapters = run_dir / "adapters"
+    population_path = run_dir / "population.json"
+    members: list[EvalMember] = []
+    if population_path.is_file():
+        try:
+            data = json.loads(population_path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{population_path} is not valid JSON ({exc.msg})") from None
+        records = data.get("members") if isinstance(data, dict) else None
+        if not isinstance(records, list):
+            raise ValueError(f"{population_path} has no 'members' list")
+        for record in records:
+            if not isinstance(record, dict) or "id" not in record:
+                raise ValueError(f"{population_path}: every member needs an 'id', got {record!r:.80}")
+            if record.get("retired_step") is not None:
+                continue
+            adapter_dir = _adapter_dir(adapters, record)
+            if adapter_dir is None:
+                raise ValueError(
+                    f"member {record['id']!r} of {population_path} has no adapter: expected "
+                    f"{adapters / str(record['id']) / 'adapter_config.json'}. Fix: evaluate a run whose adapters "
+                    "were saved (training writes them at the end and at every checkpoint)."
+                )
+            rating = record.get("rating") or {}
+            members.append(EvalMember(str(record["id"]), adapter_dir, str(record.get("role", "member")),
+                                      rating.get("conservative") if isinstance(rating, dict) else None))
+    elif adapters.is_dir():
+        for path in sorted(adapters.iterdir()):
+            if (path / "adapter_config.json").is_file():
+                members.append(EvalMember(path.name, path))
+    if not members:
+        raise ValueError(f"run directory {run_dir} has no adapters (expected {adapters}/<member_id>/adapter_config.json "
+                         "and adapter_model.safetensors). Fix: train first, or point --run at a finished run.")
+    return RunMembers(run_dir, base, members)
+
+
+def select_members(members: list[EvalMember], spec: str) -> list[EvalMember]:
+    """``all`` | ``students`` (solvers, incl. a baseline agent) | ``teachers`` | ``best`` (the solver with the
+    highest conservative rating) | a comma-separated list of member ids."""
+    spec = spec.strip()
+    if spec == "all":
+        return list(members)
+    if spec in ("students", "teachers"):
+        roles = SOLVER_ROLES if spec == "students" else ("teacher", "both")
+        chosen = [m for m in members if m.role in roles]
+        if not chosen:
+            raise ValueError(f"--members {spec}: no member has role {' or '.join(roles)} (roles: "
+                             f"{sorted({m.role for m in members})})")
+        return chosen
+    if spec == "best":
+        rated = [m for m in members if m.role in SOLVER_ROLES and m.rating is not None]
+        if not rated:
+            raise ValueError("--members best needs solver ratings in population.json; none found. "
+                             "Fix: name members explicitly, e.g. --members s0,s1")
+        return [max(rated, key=lambda m: m.rating)]
+    by_name = {m.name: m for m in members}
+    wanted = [name.strip() for name in spec.split(",") if name.strip()]
+    missing = [name for name in wanted if name not in by_name]
+    if missing or not wanted:
+        raise ValueError(f"--members: unknown member(s) {missing or spec!r}; the run has {', '.join(by_name)}")
+    return [by_name[name] for name in wanted]
+
+
+# -------------------------------------------------------------------------------------- adapter checks
+
+
+def read_adapter_config(adapter_dir: Path) -> dict[str, Any]:
+    """The PEFT ``adapter_config.json`` of ``adapter_dir``; the weights file must exist beside it."""
+    config_path = adapter_dir / "adapter_config.json"
+    try:
+        config = json.loads(config_path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{config_path} not found: not a PEFT adapter directory") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{config_path} is not valid JSON ({exc.msg})") from None
+    if not isinstance(config, dict) or "r" not in config or "target_modules" not in config:
+        raise ValueError(f"{config_path} lacks 'r' or 'target_modules': not a LoRA adapter config")
+    if not (adapter_dir / "adapter_model.safetensors").is_file():
+        raise ValueError(f"{adapter_dir / 'adapter_model.safetensors'} not found (the adapter's weights)")
+    return config
+
+
+def same_model(a: str, b: str) -> bool:
+    """Same model name or path, the same directory, or (a run copied between machines or caches) the same
+    final path component."""
+    if a == b:
+        return True
+    if os.path.exists(a) and os.path.exists(b) and os.path.realpath(a) == os.path.realpath(b):
+        return True
+    return Path(a.rstrip("/")).name == Path(b.rstrip("/")).name
+
+
+def check_adapters(members: list[EvalMember], base_model: str) -> dict[str, Any]:
+    """Check that every adapter is a LoRA of ``base_model`` with one shared rank, alpha and target set.
+
+    Returns the shared ``{"r", "lora_alpha", "target_modules"}`` (None when only the base is evaluated).
+    """
+    shared: dict[str, Any] | None = None
+    first = ""
+    for member in members:
+        if member.adapter_dir is None:
+            continue
+        config = read_adapter_config(member.adapter_dir)
+        where = member.adapter_dir / "adapter_config.json"
+        trained_on = config.get("base_model_name_or_path")
+        if trained_on and not same_model(str(trained_on), base_model):
+            raise ValueError(f"{where}: adapter {member.name!r} was trained on base model {trained_on!r}, but the "
+                             f"evaluation base is {base_model!r}. Fix: pass --base-model {trained_on} (or drop "
+                             "that member).")
+        targets = config["target_modules"]
+        this = {"r": int(config["r"]), "lora_alpha": config.get("lora_alpha", config["r"]),
+                "target_modules": sorted(targets) if isinstance(targets, list) else targets}
+        if shared is None:
+            shared, first = this, member.name
+        elif this != shared:
+            raise ValueError(f"{where}: adapter {member.name!r} has {this} but {first!r} has {shared}; one engine "
+                             "holds adapters of one rank, alpha and target set. Fix: evaluate them in separate runs.")
+    return shared or {}
+
+
+def adapter_digest(adapter_dir: Path | None) -> str:
+    """SHA-256 of the adapter's weights file ('base' for the base model): detects changed adapters on resume."""
+    if adapter_dir is None:
+        return BASE_MEMBER
+    digest = hashlib.sha256()
+    with open(adapter_dir / "adapter_model.safetensors", "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

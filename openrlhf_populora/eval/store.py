@@ -1,0 +1,118 @@
+"""Append-only, resumable store of graded samples: ``samples.jsonl`` plus ``settings.json``.
+
+One JSON line per (member, benchmark, problem_id):
+``{"member", "benchmark", "problem_id", "passed", "status", "detail", "prompt", "completion", "finished"}``.
+Lines are flushed and fsynced as they are written, so after an interruption the file holds every graded
+sample; a final line cut off mid-write is dropped on reopening (that sample is simply redone). Reopening
+skips every key already present: an interrupted evaluation continues where it stopped.
+
+``settings.json`` records what the samples depend on (prompt templates, generation length, base model, and a
+SHA-256 of every member's adapter weights). Reopening with different settings, or with a member whose
+adapter weights changed, raises instead of mixing incomparable samples.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+Key = tuple[str, str, str]  # (member, benchmark, problem_id)
+SAMPLE_FIELDS = ("member", "benchmark", "problem_id", "passed")
+
+
+class ResultStore:
+    """Graded samples on disk under ``directory`` (created when missing)."""
+
+    def __init__(self, directory: str | Path, settings: dict[str, Any]) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.samples_path = self.directory / "samples.jsonl"
+        self.settings_path = self.directory / "settings.json"
+        self.settings = self._reconcile_settings(settings)
+        self._records: dict[Key, dict[str, Any]] = {}
+        self._load()
+
+    # settings ----------------------------------------------------------------------------------------
+    def _reconcile_settings(self, settings: dict[str, Any]) -> dict[str, Any]:
+        fix = f"Fix: pass a new --out directory, or delete {self.directory} to start over."
+        if self.settings_path.exists():
+            try:
+                old = json.loads(self.settings_path.read_text())
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{self.settings_path} is not valid JSON ({exc.msg}). {fix}") from None
+            for key, value in settings.items():
+                if key != "members" and key in old and old[key] != value:
+                    raise ValueError(
+                        f"{self.settings_path}: setting {key!r} was {old[key]!r} for the samples already stored, "
+                        f"now {value!r}. {fix}"
+                    )
+            members = dict(old.get("members", {}))
+            for name, digest in settings.get("members", {}).items():
+                if name in members and members[name] != digest:
+                    raise ValueError(
+                        f"{self.settings_path}: the adapter weights of member {name!r} changed since its samples "
+                        f"were stored. {fix}"
+                    )
+                members[name] = digest
+            merged = {**old, **settings, "members": members}
+        else:
+            merged = dict(settings)
+        self.settings_path.write_text(json.dumps(merged, indent=2, sort_keys=True))
+        return merged
+
+    # samples -----------------------------------------------------------------------------------------
+    def _load(self) -> None:
+        if not self.samples_path.exists():
+            return
+        data = self.samples_path.read_bytes()
+        complete_end = data.rfind(b"\n") + 1
+        if complete_end < len(data):  # an interrupted write: drop the partial line, it will be redone
+            warnings.warn(f"{self.samples_path}: dropping a partial last line (interrupted write)", stacklevel=2)
+            with open(self.samples_path, "r+b") as handle:
+                handle.truncate(complete_end)
+        for lineno, line in enumerate(data[:complete_end].decode("utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(
+                    f"{self.samples_path}:{lineno}: corrupt sample line ({exc.msg}). Fix: delete that line "
+                    "(the sample is redone) or start over in a new --out directory."
+                ) from None
+            if not isinstance(record, dict) or any(f not in record for f in SAMPLE_FIELDS):
+                raise ValueError(f"{self.samples_path}:{lineno}: a sample needs the fields {', '.join(SAMPLE_FIELDS)}")
+            self._records[self.key(record)] = record
+
+    @staticmethod
+    def key(record: dict[str, Any]) -> Key:
+        return (str(record["member"]), str(record["benchmark"]), str(record["problem_id"]))
+
+    def has(self, member: str, benchmark: str, problem_id: str) -> bool:
+        return (member, benchmark, problem_id) in self._records
+
+    def append(self, records: Iterable[dict[str, Any]]) -> None:
+        """Write new samples durably (a key already stored is an error: samples are never overwritten)."""
+        lines = []
+        for record in records:
+            key = self.key(record)
+            if key in self._records:
+                raise ValueError(f"sample {key} is already stored in {self.samples_path}")
+            self._records[key] = record
+            lines.append(json.dumps(record, ensure_ascii=False) + "\n")
+        if not lines:
+            return
+        with open(self.samples_path, "a", encoding="utf-8") as handle:
+            handle.write("".join(lines))
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def records(self) -> list[dict[str, Any]]:
+        return list(self._records.values())
+
+    def __len__(self) -> int:
+        return len(self._records)

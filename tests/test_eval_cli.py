@@ -1,0 +1,94 @@
+"""The evaluate command line without generation: planning members, --report-only, argument errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from openrlhf_populora.cli.evaluate import build_parser, main, plan
+from openrlhf_populora.eval.evaluator import EvalSettings
+from openrlhf_populora.eval.members import adapter_digest
+from openrlhf_populora.eval.store import ResultStore
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    from openrlhf_populora.models.tiny import save_tiny_model
+
+    return str(save_tiny_model(tmp_path_factory.mktemp("tiny"), seed=0))
+
+
+def fake_run(root: Path, model_dir: str, ids=("s0", "s1")) -> Path:
+    root.mkdir(parents=True)
+    (root / "config.yaml").write_text(yaml.safe_dump({"actor": {"model_name_or_path": model_dir}}))
+    for member_id in ids:
+        adapter = root / "adapters" / member_id
+        adapter.mkdir(parents=True)
+        (adapter / "adapter_config.json").write_text(json.dumps(
+            {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj"], "base_model_name_or_path": model_dir}))
+        (adapter / "adapter_model.safetensors").write_bytes(member_id.encode())
+    return root
+
+
+def test_plan_groups_population_baseline_and_base(tmp_path, model_dir):
+    run = fake_run(tmp_path / "run", model_dir)
+    baseline = fake_run(tmp_path / "baseline", model_dir, ids=("b0",))
+    args = build_parser().parse_args(["--run", str(run), "--baseline", str(baseline), "--base", "--members", "s1"])
+    base_model, groups, out = plan(args)
+    assert base_model == model_dir and out == run / "eval"
+    assert {g: [m.name for m in ms] for g, ms in groups.items()} == {
+        "base": ["base"], "baseline": ["baseline-b0"], "population": ["s1"]}
+    assert groups["baseline"][0].adapter_dir == baseline / "adapters" / "b0"
+
+
+def test_plan_with_bare_adapters(tmp_path, model_dir):
+    run = fake_run(tmp_path / "run", model_dir)
+    args = build_parser().parse_args(["--base-model", model_dir, "--adapter", f"mine={run / 'adapters' / 's0'}",
+                                      "--out", str(tmp_path / "out")])
+    _, groups, out = plan(args)
+    assert [m.name for m in groups["population"]] == ["mine"] and out == tmp_path / "out"
+    with pytest.raises(ValueError, match="needs --base-model"):
+        plan(build_parser().parse_args(["--adapter", f"x={run / 'adapters' / 's0'}"]))
+    with pytest.raises(ValueError, match="expected NAME=DIR"):
+        plan(build_parser().parse_args(["--base-model", model_dir, "--adapter", "oops", "--out", "o"]))
+    with pytest.raises(ValueError, match="nothing to evaluate"):
+        plan(build_parser().parse_args([]))
+
+
+def test_baseline_on_another_base_model_is_refused(tmp_path, model_dir):
+    from openrlhf_populora.models.tiny import save_tiny_model
+
+    other = str(save_tiny_model(tmp_path / "other-model", seed=1))
+    run = fake_run(tmp_path / "run", model_dir)
+    baseline = fake_run(tmp_path / "baseline", other, ids=("b0",))
+    with pytest.raises(ValueError, match="compare runs of the same base model"):
+        plan(build_parser().parse_args(["--run", str(run), "--baseline", str(baseline)]))
+
+
+def test_report_only_renders_stored_samples(tmp_path, model_dir, capsys):
+    run = fake_run(tmp_path / "run", model_dir)
+    settings = EvalSettings()
+    store = ResultStore(run / "eval", {**settings.identity(), "base_model": model_dir,
+                                       "members": {m: adapter_digest(run / "adapters" / m) for m in ("s0", "s1")}})
+    store.append({"member": m, "benchmark": "humaneval", "problem_id": f"HumanEval/{i}", "passed": i < k}
+                 for m, k in (("s0", 1), ("s1", 2)) for i in range(2))
+    assert main(["--run", str(run), "--limit", "2", "--report-only"]) == 0
+    results = json.loads((run / "eval" / "results.json").read_text())
+    assert results["members"]["s0"]["scores"] == {"humaneval": 50.0}
+    assert results["members"]["s1"]["scores"] == {"humaneval": 100.0}
+    assert "| Population best (s1) | 100.0 | 100.0 | 100.0 |" in capsys.readouterr().out
+
+
+def test_bad_flags_exit_2(tmp_path, model_dir, capsys):
+    run = fake_run(tmp_path / "run", model_dir)
+    for argv, message in (
+        (["--run", str(run), "--benchmarks", "nope"], "unknown benchmark 'nope'"),
+        (["--run", str(run), "--members", "zz"], "unknown member(s) ['zz']"),
+        (["--run", str(run), "--max-new-tokens", "0"], "must be >= 1"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2 and message in capsys.readouterr().err

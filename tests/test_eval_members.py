@@ -1,0 +1,121 @@
+"""Reading a run directory's members and checking adapters, with clear errors on bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from openrlhf_populora.eval.members import (
+    adapter_digest,
+    check_adapters,
+    load_run_members,
+    select_members,
+)
+from openrlhf_populora.population.members import Population
+
+
+def fake_adapter(path: Path, r: int = 8, base: str = "/models/base", weights: bytes = b"w") -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "adapter_config.json").write_text(json.dumps({
+        "r": r, "lora_alpha": 16, "target_modules": ["v_proj", "q_proj"], "base_model_name_or_path": base,
+        "peft_type": "LORA",
+    }))
+    (path / "adapter_model.safetensors").write_bytes(weights)
+    return path
+
+
+def fake_run(root: Path, n_teachers: int = 2, n_students: int = 2) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.yaml").write_text(yaml.safe_dump({"actor": {"model_name_or_path": "/models/base"}}))
+    population = Population.create(n_teachers, n_students)
+    for i, member in enumerate(population.alive()):
+        member.rating = {"mu": 25.0 + i, "sigma": 1.0, "conservative": 22.0 + i}
+        fake_adapter(root / "adapters" / member.id, weights=member.id.encode())
+    population.save(root / "population.json")
+    return root
+
+
+def test_load_run_members(tmp_path):
+    run = load_run_members(fake_run(tmp_path / "run"))
+    assert run.base_model == "/models/base"
+    assert [(m.name, m.role) for m in run.members] == [("t0", "teacher"), ("t1", "teacher"),
+                                                      ("s0", "student"), ("s1", "student")]
+    assert run.members[2].adapter_dir == tmp_path / "run" / "adapters" / "s0"
+    assert run.members[3].rating == 25.0
+
+
+def test_retired_members_are_skipped(tmp_path):
+    root = fake_run(tmp_path / "run")
+    data = json.loads((root / "population.json").read_text())
+    data["members"][0]["retired_step"] = 3
+    (root / "population.json").write_text(json.dumps(data))
+    assert [m.name for m in load_run_members(root).members] == ["t1", "s0", "s1"]
+
+
+def test_without_population_json_every_adapter_is_a_member(tmp_path):
+    root = fake_run(tmp_path / "run")
+    (root / "population.json").unlink()
+    assert [m.name for m in load_run_members(root).members] == ["s0", "s1", "t0", "t1"]
+
+
+def test_select_members(tmp_path):
+    members = load_run_members(fake_run(tmp_path / "run")).members
+    assert [m.name for m in select_members(members, "all")] == ["t0", "t1", "s0", "s1"]
+    assert [m.name for m in select_members(members, "students")] == ["s0", "s1"]
+    assert [m.name for m in select_members(members, "teachers")] == ["t0", "t1"]
+    assert [m.name for m in select_members(members, "best")] == ["s1"]  # highest conservative rating
+    assert [m.name for m in select_members(members, "s1, t0")] == ["s1", "t0"]
+    with pytest.raises(ValueError, match=r"unknown member\(s\) \['x9'\]; the run has t0, t1, s0, s1"):
+        select_members(members, "s0,x9")
+
+
+def test_run_errors_name_the_file_and_the_fix(tmp_path):
+    with pytest.raises(ValueError, match="does not exist. Fix: pass --run"):
+        load_run_members(tmp_path / "nope")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match="config.yaml not found"):
+        load_run_members(empty)
+    (empty / "config.yaml").write_text(yaml.safe_dump({"actor": {"model_name_or_path": "/m"}}))
+    with pytest.raises(ValueError, match=r"has no adapters \(expected .*adapter_config.json.*Fix: train first"):
+        load_run_members(empty)
+    root = fake_run(tmp_path / "run")
+    (root / "adapters" / "s1" / "adapter_config.json").unlink()
+    with pytest.raises(ValueError, match=r"member 's1' of .*population.json has no adapter: expected .*s1"):
+        load_run_members(root)
+
+
+def test_check_adapters_accepts_a_consistent_population(tmp_path):
+    members = load_run_members(fake_run(tmp_path / "run")).members
+    assert check_adapters(members, "/models/base") == {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]}
+
+
+def test_check_adapters_rank_mismatch(tmp_path):
+    root = fake_run(tmp_path / "run")
+    fake_adapter(root / "adapters" / "s1", r=16)
+    with pytest.raises(ValueError, match=r"s1/adapter_config.json: adapter 's1' has .*'r': 16.* but 't0' has .*'r': 8"):
+        check_adapters(load_run_members(root).members, "/models/base")
+
+
+def test_check_adapters_base_model_mismatch(tmp_path):
+    root = fake_run(tmp_path / "run")
+    fake_adapter(root / "adapters" / "t1", base="/models/other")
+    with pytest.raises(ValueError, match=r"trained on base model '/models/other'.* Fix: pass --base-model /models/other"):
+        check_adapters(load_run_members(root).members, "/models/base")
+
+
+def test_check_adapters_missing_weights(tmp_path):
+    root = fake_run(tmp_path / "run")
+    (root / "adapters" / "s0" / "adapter_model.safetensors").unlink()
+    with pytest.raises(ValueError, match="adapter_model.safetensors not found"):
+        check_adapters(load_run_members(root).members, "/models/base")
+
+
+def test_adapter_digest_changes_with_the_weights(tmp_path):
+    a = fake_adapter(tmp_path / "a", weights=b"one")
+    b = fake_adapter(tmp_path / "b", weights=b"two")
+    assert adapter_digest(a) != adapter_digest(b) and len(adapter_digest(a)) == 64
+    assert adapter_digest(None) == "base"

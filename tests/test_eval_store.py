@@ -1,0 +1,67 @@
+"""The append-only sample store: resume, interrupted writes, refusing to mix incomparable samples."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from openrlhf_populora.eval.store import ResultStore
+
+SETTINGS = {"code_template": "azr", "max_new_tokens": 64, "base_model": "/m", "members": {"s0": "aaa"}}
+
+
+def sample(member: str, pid: str, passed: bool = True) -> dict:
+    return {"member": member, "benchmark": "humaneval", "problem_id": pid, "passed": passed, "completion": "x"}
+
+
+def test_append_and_reopen_resumes(tmp_path):
+    store = ResultStore(tmp_path, SETTINGS)
+    store.append([sample("s0", "HumanEval/0"), sample("s0", "HumanEval/1", False)])
+    again = ResultStore(tmp_path, SETTINGS)
+    assert len(again) == 2
+    assert again.has("s0", "humaneval", "HumanEval/1") and not again.has("s0", "humaneval", "HumanEval/2")
+    assert {r["problem_id"]: r["passed"] for r in again.records()} == {"HumanEval/0": True, "HumanEval/1": False}
+
+
+def test_samples_are_never_overwritten(tmp_path):
+    store = ResultStore(tmp_path, SETTINGS)
+    store.append([sample("s0", "HumanEval/0")])
+    with pytest.raises(ValueError, match="already stored"):
+        store.append([sample("s0", "HumanEval/0", False)])
+
+
+def test_partial_last_line_is_dropped_and_redone(tmp_path):
+    store = ResultStore(tmp_path, SETTINGS)
+    store.append([sample("s0", "HumanEval/0")])
+    with open(store.samples_path, "a") as handle:
+        handle.write('{"member": "s0", "benchmark": "humaneval", "problem_id": "HumanEval/1", "pas')  # killed here
+    with pytest.warns(UserWarning, match="partial last line"):
+        again = ResultStore(tmp_path, SETTINGS)
+    assert len(again) == 1 and not again.has("s0", "humaneval", "HumanEval/1")
+    again.append([sample("s0", "HumanEval/1")])
+    lines = again.samples_path.read_text().splitlines()
+    assert [json.loads(line)["problem_id"] for line in lines] == ["HumanEval/0", "HumanEval/1"]
+
+
+def test_corrupt_line_in_the_middle_is_an_error_naming_the_line(tmp_path):
+    store = ResultStore(tmp_path, SETTINGS)
+    store.append([sample("s0", "HumanEval/0")])
+    with open(store.samples_path, "a") as handle:
+        handle.write("garbage\n")
+    with pytest.raises(ValueError, match=r"samples.jsonl:2: corrupt sample line"):
+        ResultStore(tmp_path, SETTINGS)
+
+
+def test_changed_settings_refuse_to_mix(tmp_path):
+    ResultStore(tmp_path, SETTINGS)
+    with pytest.raises(ValueError, match="setting 'max_new_tokens' was 64 .* now 128. Fix: pass a new --out"):
+        ResultStore(tmp_path, {**SETTINGS, "max_new_tokens": 128})
+
+
+def test_changed_adapter_refuses_but_new_members_are_added(tmp_path):
+    ResultStore(tmp_path, SETTINGS)
+    with pytest.raises(ValueError, match="adapter weights of member 's0' changed"):
+        ResultStore(tmp_path, {**SETTINGS, "members": {"s0": "bbb"}})
+    store = ResultStore(tmp_path, {**SETTINGS, "members": {"s1": "ccc"}})
+    assert store.settings["members"] == {"s0": "aaa", "s1": "ccc"}

