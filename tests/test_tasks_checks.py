@@ -232,3 +232,20 @@ def test_exec_time_and_provenance_are_recorded(sandbox):
     source = Task("code_o", "def f(s):\n    return s[::-1]\n", ["'ab'"], ["'ba'"])
     check = check_proposal("code_f", induction(INPUTS), sandbox, program=source)
     assert check.task.meta["source"] == source.key()
+
+
+@pytest.mark.parametrize("body, inputs", [
+    ("def f(a, b):\n    return a * b\n\nf(3, 4)", ["3, 4"]),
+    ("def area(w, h=2):\n    return w * h\n\nprint(area(5, h=3))", ["5, h=3"]),
+])
+def test_input_taken_from_the_programs_own_call_when_the_block_is_missing(sandbox, body, inputs):
+    text = f"<answer>\n```python\n{body}\n```\n</answer>"
+    check = check_proposal("code_o", text, sandbox)
+    assert check.valid, check.reason
+    assert check.task.inputs == inputs and "print" not in check.task.program
+    assert not check_proposal("code_o", text, sandbox, rules=TaskRules(input_from_call=False)).valid
+
+
+def test_a_call_with_computed_arguments_is_still_not_an_input(sandbox):
+    text = "```python\ndef f(x):\n    return x\n\nf(len([1, 2]))\n```"
+    assert check_proposal("code_o", text, sandbox).reason == "input_not_a_value"

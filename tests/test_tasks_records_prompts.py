@@ -135,3 +135,13 @@ def test_compact_templates_are_short_and_keep_the_answer_format():
                                      solver_prompt(ind)], strict=True):
         assert len(compact) < len(full) and "<answer>" in compact and "```" in compact
     assert "<snippet_2>" in texts[0] and "10 different inputs" in texts[2] and "return a * 2" not in texts[5]
+
+
+def test_compact_proposer_references_show_only_what_a_proposal_contains():
+    from openrlhf_populora.tasks import COMPACT_TEMPLATES, DEFAULT_TEMPLATES, proposer_prompt, zero_triplet
+
+    ref = zero_triplet("code_o")
+    compact = proposer_prompt("code_o", [ref], templates=COMPACT_TEMPLATES)
+    default = proposer_prompt("code_o", [ref], templates=DEFAULT_TEMPLATES)
+    assert "```input\n'Hello world'\n```" in compact and "```output" not in compact
+    assert "```output\n'Hello world'\n```" in default  # AZR shows the references' outputs

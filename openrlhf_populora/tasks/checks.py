@@ -19,6 +19,8 @@ All executions of one call go to the sandbox as ONE batch.
 
 from __future__ import annotations
 
+import ast
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -68,6 +70,27 @@ def _program_of(item: Task | str) -> Program:
     return parse_program(source, strip_top_level=False)
 
 
+def _call_arguments(block: str, entry: str) -> list[str]:
+    """Argument text of the first top-level ``entry(...)`` call (bare or inside ``print``), or [].
+
+    Only the call's syntax is read here; the arguments still go through the value-literal check.
+    """
+    try:
+        tree = ast.parse(textwrap.dedent(block))
+    except SyntaxError:
+        return []
+    for stmt in tree.body:
+        call = stmt.value if isinstance(stmt, ast.Expr) else None
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "print" \
+                and len(call.args) == 1:
+            call = call.args[0]
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == entry \
+                and (call.args or call.keywords):
+            parts = [ast.unparse(a) for a in call.args] + [ast.unparse(k) for k in call.keywords]
+            return [", ".join(parts)]
+    return []
+
+
 def _static_check(task_type: str, text: str, program_context: Task | str | None,
                   rules: TaskRules) -> tuple[Program, list[str], str, bool] | ProposalCheck:
     region, tags_ok = extract_answer(text)
@@ -85,6 +108,8 @@ def _static_check(task_type: str, text: str, program_context: Task | str | None,
         if violations:
             return ProposalCheck(False, violations[0], tags_ok=tags_ok)
         inputs = blocks_tagged(region, "input")
+        if not inputs and rules.input_from_call:
+            inputs = _call_arguments(block, program.renamed_from or "f")
         if not inputs:
             return ProposalCheck(False, "no_input", tags_ok=tags_ok)
         raw_inputs, message = [inputs[0]], ""

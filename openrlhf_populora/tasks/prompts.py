@@ -193,6 +193,9 @@ class PromptTemplates:
     solve_input: str = SOLVE_INPUT
     solve_function: str = SOLVE_FUNCTION
     answer_format: str = ANSWER_FORMAT
+    # show each reference's output block to proposers (AZR does); small models then copy the ```output
+    # block into their own proposal instead of the ```input block the answer needs
+    reference_outputs: bool = True
 
 
 DEFAULT_TEMPLATES = PromptTemplates()
@@ -216,6 +219,7 @@ COMPACT_TEMPLATES = PromptTemplates(
                  "$output\n```\n$answer_format Give the call's arguments in one ```input block.\n"),
     solve_function=("Write a function `f` that gives these outputs (it is also tested on other inputs). Hint: "
                     "$message\n$pairs\n$answer_format Give the program in one ```python block.\n"),
+    reference_outputs=False,
 )
 
 
@@ -224,11 +228,12 @@ def render_raw(user_text: str, system: str = R1_SYSTEM) -> str:
     return f"{system}\nUser: {user_text}\nAssistant: <think>"
 
 
-def _references_block(references: Sequence[Task]) -> str:
+def _references_block(references: Sequence[Task], outputs: bool = True) -> str:
     parts = []
     for i, ref in enumerate(references):
+        output = f"```output\n{ref.outputs[0]}\n```\n" if outputs else ""
         parts.append(f"<snippet_{i}>\n```python\n{ref.program.strip()}\n```\n```input\n{ref.inputs[0]}\n```\n"
-                     f"```output\n{ref.outputs[0]}\n```\n</snippet_{i}>")
+                     f"{output}</snippet_{i}>")
     return "\n".join(parts) if parts else "(none)"
 
 
@@ -260,7 +265,7 @@ def proposer_prompt(task_type: str, references: Sequence[Task], *, program: Task
     return Template(templates.propose_triplet).substitute(
         shown=shown, hidden=hidden, timeout=timeout, banned=", ".join(dict.fromkeys(rules.prompt_banned_words)),
         answer_format=templates.answer_format, difficulty=difficulty,
-        references=_references_block(references))
+        references=_references_block(references, templates.reference_outputs))
 
 
 def _pairs_block(task: Task) -> str:

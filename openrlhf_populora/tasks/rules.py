@@ -45,6 +45,9 @@ class TaskRules:
     reject_none_output: bool = True  # AZR accepted f returning None; the prompt asks for a value
     require_tags: bool = False  # demand </think> ... <answer>...</answer> (AZR's format rule)
     strip_top_level: bool = True  # drop top-level calls/prints/asserts/__main__ guards from programs
+    # no ```input block: take the arguments of the program's own top-level call of its entry function
+    # (``f(3, 'a')`` or ``print(f(3, 'a'))``), which small models often write instead of the block
+    input_from_call: bool = True
     determinism_runs: int = 2  # separate sandbox executions that must agree (AZR: j = 2, in one process)
 
     def __post_init__(self) -> None:
