@@ -1,0 +1,115 @@
+"""``python -m openrlhf_populora.cli.train``: run PopuLoRA self-play (or the single-agent baseline).
+
+Flags follow OpenRLHF 0.11.2's dotted names (``--actor.adam.lr``, ``--ds.lora.rank``, ``--rollout.temperature``,
+``--ckpt.output_dir`` ...) plus the ``--populora.*`` group; ``--config configs/<preset>.yaml`` loads a preset.
+Everything a run produces lands in ``--ckpt.output_dir`` (the run directory):
+
+    config.yaml         the resolved configuration
+    metrics.jsonl       one JSON object per step (the tracker's schema, metrics/keys.py)
+    problems.jsonl      every proposal and answer with its verdict, per step
+    population.json     members, lineage and ratings
+    buffers.jsonl       the task buffers
+    adapters/<member>/  each living member's adapter in PEFT format (PeftModel.from_pretrained, vLLM --lora-modules)
+    checkpoints/        atomic checkpoints (resume with --ckpt.load_enable)
+    figures/            the run's plots (cli/report.py)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from openrlhf_populora.config import Config, config_from_dict, parse_config
+
+log = logging.getLogger("openrlhf_populora.train")
+
+
+def build_engine(config: Config):
+    """The engine named by ``--populora.engine``, configured from the OpenRLHF-style flags."""
+    from openrlhf_populora.engines.local import LocalEngine, LocalEngineConfig
+    from openrlhf_populora.models.embedded import resolve_model
+
+    threads = config.populora.num_threads or (1 if config.populora.device == "cpu" else 0)
+    engine_config = LocalEngineConfig(
+        model_name_or_path=resolve_model(config.actor.model_name_or_path),
+        lora_rank=config.ds.lora.rank,
+        lora_alpha=config.ds.lora.alpha,
+        lora_target_modules=list(config.ds.lora.target_modules),
+        lora_dropout=config.ds.lora.dropout,
+        lr=config.actor.adam.lr,
+        adam_betas=tuple(config.actor.adam.betas),
+        adam_eps=config.actor.adam.eps,
+        weight_decay=config.actor.adam.weight_decay,
+        max_norm=config.actor.max_norm,
+        eps_clip_low=config.actor.eps_clip,
+        eps_clip_high=config.actor.eps_clip,
+        entropy_coef=config.actor.entropy_coef,
+        logprob_temperature=config.rollout.temperature or 1.0,
+        dtype=config.ds.param_dtype,
+        attn_implementation=config.ds.attn_implementation,
+        device=config.populora.device,
+        num_threads=threads,
+        micro_batch_size=config.actor.micro_batch_size,
+        seed=config.train.seed,
+    )
+    return LocalEngine(engine_config)
+
+
+def _check_run_dir(config: Config) -> None:
+    """Refuse to overwrite an existing run unless asked to resume it: nothing is ever lost silently."""
+    run_dir = Path(config.ckpt.output_dir)
+    if (run_dir / "metrics.jsonl").exists() and not config.ckpt.load_enable:
+        raise SystemExit(
+            f"error: {run_dir} already holds a run (metrics.jsonl). Resume it with --ckpt.load_enable, "
+            f"or choose another --ckpt.output_dir."
+        )
+
+
+def _lock_run_dir(run_dir: Path):
+    """Hold an exclusive lock on the run directory for this process's lifetime: two runs writing into the
+    same directory would interleave their metrics and checkpoints."""
+    import fcntl
+
+    handle = open(run_dir / ".lock", "w")  # noqa: SIM115 - kept open on purpose, released at exit
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise SystemExit(f"error: another run is writing into {run_dir} right now; wait for it or choose "
+                         f"another --ckpt.output_dir") from None
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle
+
+
+def _write_config(config: Config, run_dir: Path) -> None:
+    path = run_dir / "config.yaml"
+    if path.exists():  # resuming: keep the original next to the new one
+        previous = config_from_dict(yaml.safe_load(path.read_text()))
+        if previous.to_dict() != config.to_dict():
+            shutil.copy(path, run_dir / f"config.{int(time.time())}.yaml")
+    path.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse_config(argv)  # exits with status 2 on a bad flag or value, before any model loads
+    logging.basicConfig(level=os.environ.get("POPULORA_LOG", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _check_run_dir(config)
+    run_dir = Path(config.ckpt.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = _lock_run_dir(run_dir)  # noqa: F841 - held until the process exits
+    _write_config(config, run_dir)
+
+    from openrlhf_populora.selfplay.runner import run
+
+    return run(config, build_engine)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

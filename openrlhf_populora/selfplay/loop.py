@@ -1,0 +1,404 @@
+"""The PopuLoRA iteration, written once against the engine protocol (``engines/base.py``).
+
+One step, for all task types at once so that generation batches are as large as possible:
+
+1. **match**    the matchmaker pairs teachers with students for every task type (cross-evaluation only);
+2. **propose**  every teacher writes ``proposals_per_teacher`` tasks per type (K references from the buffers);
+3. **check**    proposals run twice in the sandbox; valid tasks enter the buffers;
+4. **solve**    every student answers the valid tasks of its matched teachers (``solver_samples`` each),
+                topped up from the buffers' recent tasks to at least ``solver_tasks`` per type;
+5. **verify**   answers are verified in the sandbox; student reward = correctness (with format penalties),
+                teacher reward = failure rate of its matched students on its valid task;
+6. **train**    advantages whitened per (member, role, task type); one update for every adapter (samples
+                with advantage 0 carry no gradient and are left out unless ``skip_zero_advantage`` is off);
+7. **rate**     ratings updated from the matchups; every ``evolve_every`` steps the evolution plan replaces
+                the weakest members with mutated / crossed-over children (fresh optimizer state).
+
+The **baseline** (``mode: baseline``) is the same loop with one member playing both roles: it solves its
+own valid proposals, and its proposer reward is AZR's learnability. It is compute-matched *per adapter*:
+every step it generates as many proposals as one teacher and as many answers as one student, and takes one
+optimizer step, exactly like every member of the population.
+
+Every random choice of step ``t`` comes from an RNG derived from ``(train.seed, t, purpose)``, so a run
+resumed from a checkpoint makes the same choices as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import fmean
+from typing import Any
+
+from openrlhf_populora.config import Config
+from openrlhf_populora.engines.base import BASE_ADAPTER, Completion, Engine, GenerationRequest, SamplingParams
+from openrlhf_populora.metrics import CoverageArchive, Tracker, program_complexity
+from openrlhf_populora.population import (
+    Population,
+    Ratings,
+    apply_plan,
+    make_ratings,
+    matchmake,
+    plan_evolution,
+    should_evolve,
+)
+from openrlhf_populora.rewards import student_reward, teacher_reward
+from openrlhf_populora.selfplay.advantages import whiten_by_group
+from openrlhf_populora.tasks import (
+    COMPACT_TEMPLATES,
+    DEFAULT_TEMPLATES,
+    ProposalCheck,
+    Seeder,
+    Task,
+    TaskBuffers,
+    Verdict,
+    check_proposals,
+    proposer_prompt,
+    render_raw,
+    solver_prompt,
+    verify_answers,
+)
+
+log = logging.getLogger(__name__)
+
+
+def step_rng(seed: int, step: int, purpose: str) -> random.Random:
+    """A fresh RNG for one purpose at one step: reproducible, and independent of what ran before."""
+    return random.Random(f"{seed}/{step}/{purpose}")
+
+
+def step_seed(seed: int, step: int, purpose: str) -> int:
+    return step_rng(seed, step, purpose).randrange(2**31)
+
+
+@dataclass
+class Proposal:
+    teacher: str
+    adapter: str
+    task_type: str
+    completion: Completion
+    check: ProposalCheck
+    solve_rates: dict[str, float] = field(default_factory=dict)  # matched student id -> solve rate
+    reward: float = 0.0
+    complexity: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Attempt:
+    student: str
+    adapter: str
+    task: Task
+    completion: Completion
+    proposal: int | None  # index into the step's proposals; None for a task topped up from the buffers
+    verdict: Verdict | None = None
+    reward: float = 0.0
+
+
+@dataclass
+class StepOutput:
+    """Everything a step produced, for metrics, problem archives and tests."""
+
+    step: int
+    proposals: list[Proposal]
+    attempts: list[Attempt]
+    matchups: list[Any]
+    games: list[str]  # rating games of this step: "teacher", "student" or "draw" (who won)
+    train_stats: dict[str, dict[str, float]]
+    evolution: list[dict[str, Any]]
+    timings: dict[str, float]
+
+
+class SelfPlay:
+    """Holds the run's state (population, ratings, buffers, archive, step) and runs steps on an engine."""
+
+    def __init__(self, config: Config, engine: Engine, sandbox: Any, run_dir: str | Path,
+                 tracker: Tracker | None = None) -> None:
+        self.config = config
+        self.p = config.populora
+        self.engine = engine
+        self.sandbox = sandbox
+        self.run_dir = Path(run_dir)
+        self.tracker = tracker
+        self.baseline = self.p.mode == "baseline"
+        self.population = (Population.baseline() if self.baseline
+                           else Population.create(self.p.num_teachers, self.p.num_students))
+        self.ratings = make_ratings(self.p.rating)
+        for member in self.population.alive():
+            self.ratings.add(member.id)
+        self.buffers = TaskBuffers(capacity=self.p.buffer_capacity)
+        self.archive = CoverageArchive.create(self.run_dir / "archive", seed=0)
+        self.step = 0
+        self.templates = COMPACT_TEMPLATES if self.p.prompts == "compact" else DEFAULT_TEMPLATES
+        self._sampling = SamplingParams(temperature=config.rollout.temperature, top_p=config.rollout.top_p,
+                                        max_new_tokens=config.rollout.max_new_tokens)
+
+    # ---------------------------------------------------------------------------------------------
+    # set-up
+
+    def create_adapters(self) -> None:
+        """One engine adapter per living member (fresh PEFT initialisation)."""
+        existing = set(self.engine.adapter_names())
+        for member in self.population.alive():
+            if member.adapter not in existing:
+                self.engine.add_adapter(member.adapter)
+
+    def seed_buffers(self) -> dict[str, int]:
+        """Fill the task buffers before step 1: a seed file, or proposals from the frozen base model.
+
+        Starts from AZR's zero triplet (the identity function) and asks the base model (no adapter) for
+        proposals until the buffers hold ``seed_tasks`` triplets and ``seed_tasks`` induction tasks, or
+        ``seed_max_rounds`` rounds have run.
+        """
+        if self.p.seed_file:
+            self.buffers = TaskBuffers.load(self.p.seed_file, capacity=self.p.buffer_capacity)
+        else:
+            seeder = Seeder(self.buffers, triplets=self.p.seed_tasks,
+                            induction=self.p.seed_tasks if "code_f" in self.p.task_types else 0,
+                            rng=step_rng(self.config.train.seed, 0, "seed"), references=self.p.references,
+                            max_rounds=self.p.seed_max_rounds, timeout_s=self.p.sandbox.timeout_s,
+                            templates=self.templates)
+            batch = self.p.proposals_per_teacher * max(1, len(self.population.teachers()))
+            while not seeder.done:
+                requests = seeder.requests(batch)
+                params = self._params(0, f"seed{seeder.rounds}")
+                outputs = self.engine.generate(
+                    [GenerationRequest(BASE_ADAPTER, self._render(r.prompt)) for r in requests], params)
+                seeder.feed(requests, [out[0].text for out in outputs], self.sandbox)
+        sizes = {tt: self.buffers.size(tt) for tt in self.p.task_types}
+        log.info("seeded the task buffers: %s", sizes)
+        return sizes
+
+    # ---------------------------------------------------------------------------------------------
+    # one step
+
+    def run_step(self) -> StepOutput:
+        t = self.step + 1
+        seed = self.config.train.seed
+        timings: dict[str, float] = {}
+        tic = time.perf_counter()
+
+        # 1. match
+        matchups = self._match(t)
+        timings["match"] = time.perf_counter() - tic
+
+        # 2. propose
+        tic = time.perf_counter()
+        plans: list[tuple[Any, str, dict]] = []  # (teacher member, task type, prompt context)
+        rng = step_rng(seed, t, "references")
+        for task_type in self.p.task_types:
+            for teacher in self.population.teachers():
+                for _ in range(self.p.proposals_per_teacher):
+                    plans.append((teacher, task_type, self._proposer_context(task_type, rng)))
+        requests = [GenerationRequest(m.adapter, self._render(self._proposer_prompt(tt, ctx))) for m, tt, ctx in plans]
+        generated = self.engine.generate(requests, self._params(t, "propose"))
+        timings["generate_propose"] = time.perf_counter() - tic
+
+        # 3. check
+        tic = time.perf_counter()
+        proposals: list[Proposal] = [None] * len(plans)  # type: ignore[list-item]
+        for task_type in self.p.task_types:
+            index = [i for i, (_, tt, _) in enumerate(plans) if tt == task_type]
+            if not index:
+                continue
+            programs = [plans[i][2].get("program") for i in index] if task_type == "code_f" else None
+            checks = check_proposals(task_type, [generated[i][0].text for i in index], self.sandbox,
+                                     programs=programs, proposer=[plans[i][0].id for i in index], step=t)
+            for i, check in zip(index, checks, strict=True):
+                teacher = plans[i][0]
+                proposals[i] = Proposal(teacher.id, teacher.adapter, task_type, generated[i][0], check)
+        for proposal in proposals:
+            if proposal.check.valid:
+                self.buffers.add(proposal.check.task)
+        timings["execute_check"] = time.perf_counter() - tic
+        tic = time.perf_counter()
+        self._measure_programs(proposals)
+        timings["metrics"] = time.perf_counter() - tic
+
+        # 4. solve
+        tic = time.perf_counter()
+        attempts = self._plan_attempts(t, matchups, proposals)
+        unique: dict[tuple[str, str], list[int]] = defaultdict(list)  # (adapter, task key) -> attempt indices
+        for i, attempt in enumerate(attempts):
+            unique[(attempt.adapter, attempt.task.key())].append(i)
+        groups = list(unique.values())
+        requests = [GenerationRequest(attempts[g[0]].adapter,
+                                      self._render(solver_prompt(attempts[g[0]].task, self.templates)), n=len(g))
+                    for g in groups]
+        outputs = self.engine.generate(requests, self._params(t, "solve"))
+        for g, outs in zip(groups, outputs, strict=True):
+            for i, completion in zip(g, outs, strict=True):
+                attempts[i].completion = completion
+        timings["generate_solve"] = time.perf_counter() - tic
+
+        # 5. verify and reward
+        tic = time.perf_counter()
+        verdicts = verify_answers([a.task for a in attempts], [a.completion.text for a in attempts], self.sandbox)
+        for attempt, verdict in zip(attempts, verdicts, strict=True):
+            attempt.verdict = verdict
+            attempt.reward = student_reward(verdict, self.p.reward)
+        self._reward_teachers(proposals, attempts)
+        timings["execute_verify"] = time.perf_counter() - tic
+
+        # 6. train
+        tic = time.perf_counter()
+        trajectories = self._trajectories(proposals, attempts)
+        train_stats = self.engine.train_step(trajectories) if trajectories else {}
+        timings["train"] = time.perf_counter() - tic
+
+        # 7. rate and evolve
+        tic = time.perf_counter()
+        games = [] if self.baseline else self._rate(t, matchups, proposals)
+        events = self._evolve(t) if self._evolution_due(t) else []
+        timings["evolve"] = time.perf_counter() - tic
+
+        self.step = t
+        timings["step"] = sum(timings.values())
+        return StepOutput(t, proposals, attempts, matchups, games, train_stats, events, timings)
+
+    # ---------------------------------------------------------------------------------------------
+    # pieces of a step
+
+    def _match(self, t: int) -> list[Any]:
+        if self.baseline:
+            return []
+        return matchmake(self.population, self.ratings, self.p.task_types, self.p.matchmaking,
+                         step_rng(self.config.train.seed, t, "match"))
+
+    def _proposer_context(self, task_type: str, rng: random.Random) -> dict[str, Any]:
+        """Keyword arguments of ``proposer_prompt``: K references, or for code_f one program to study."""
+        if task_type == "code_f":
+            return {"references": [], "program": self.buffers.induction_program(rng)}
+        return {"references": self.buffers.references(task_type, self.p.references, rng)}
+
+    def _proposer_prompt(self, task_type: str, context: dict[str, Any]) -> str:
+        return proposer_prompt(task_type, **context, timeout_s=self.p.sandbox.timeout_s, templates=self.templates)
+
+    def _measure_programs(self, proposals: list[Proposal]) -> None:
+        """Complexity of every valid program, and the coverage archive (diagnostics, not rewards)."""
+        valid = [pr for pr in proposals if pr.check.valid]
+        for pr in valid:
+            pr.complexity = program_complexity(pr.check.task.program)
+        if valid:
+            self.archive.add([{"program": pr.check.task.program, "inputs": pr.check.task.inputs,
+                               "outputs": pr.check.task.outputs, "complexity": pr.complexity} for pr in valid],
+                             teacher=[pr.teacher for pr in valid])
+
+    def _render(self, user_text: str) -> str:
+        """The model's chat template, or AZR's plain-text R1 conversation (for base models)."""
+        if self.p.chat_template:
+            return self.engine.render_prompt(user_text, chat_template=True)
+        return render_raw(user_text)
+
+    def _params(self, t: int, purpose: str) -> SamplingParams:
+        return SamplingParams(self._sampling.temperature, self._sampling.top_p, self._sampling.max_new_tokens,
+                              seed=step_seed(self.config.train.seed, t, purpose))
+
+    def _plan_attempts(self, t: int, matchups: list[Any], proposals: list[Proposal]) -> list[Attempt]:
+        """Which student answers which task: its matched teachers' valid tasks, topped up from the buffers."""
+        rng = step_rng(self.config.train.seed, t, "solver_batch")
+        attempts: list[Attempt] = []
+        n = self.p.solver_samples
+        for task_type in self.p.task_types:
+            if self.baseline:
+                solver = self.population.alive()[0]
+                assigned = {solver.id: [i for i, pr in enumerate(proposals)
+                                        if pr.task_type == task_type and pr.check.valid]}
+            else:
+                assigned = defaultdict(list)
+                for m in matchups:
+                    if m.task_type != task_type:
+                        continue
+                    assigned[m.student] += [i for i, pr in enumerate(proposals)
+                                            if pr.teacher == m.teacher and pr.task_type == task_type
+                                            and pr.check.valid]
+            for student in self.population.students():
+                indices = assigned.get(student.id, [])
+                tasks = [(proposals[i].check.task, i) for i in indices]
+                missing = self.p.solver_tasks - len(tasks)
+                if missing > 0:
+                    fill = self.buffers.solver_batch(task_type, missing, t, rng, window=self.p.recency_window)
+                    tasks += [(task, None) for task in fill]
+                for task, index in tasks:
+                    attempts += [Attempt(student.id, student.adapter, task, None, index)  # type: ignore[arg-type]
+                                 for _ in range(n)]
+        return attempts
+
+    def _reward_teachers(self, proposals: list[Proposal], attempts: list[Attempt]) -> None:
+        correct: dict[tuple[int, str], list[bool]] = defaultdict(list)
+        for attempt in attempts:
+            if attempt.proposal is not None:
+                correct[(attempt.proposal, attempt.student)].append(bool(attempt.verdict.correct))
+        for (index, student), results in correct.items():
+            proposals[index].solve_rates[student] = fmean(results)
+        mode = "learnability" if self.baseline else self.p.teacher_reward
+        for proposal in proposals:
+            rate = fmean(proposal.solve_rates.values()) if proposal.solve_rates else None
+            proposal.reward = teacher_reward(proposal.check, rate, self.p.reward, mode=mode)
+
+    def _trajectories(self, proposals: list[Proposal], attempts: list[Attempt]) -> list[Any]:
+        from openrlhf_populora.engines.base import Trajectory
+
+        items = [(pr.teacher, "propose", pr.task_type, pr.adapter, pr.completion, pr.reward) for pr in proposals]
+        items += [(a.student, "solve", a.task.task_type, a.adapter, a.completion, a.reward) for a in attempts]
+        advantages = whiten_by_group([it[5] for it in items], [it[:3] for it in items])
+        keep_zero = not self.p.skip_zero_advantage
+        return [Trajectory(adapter, c.prompt_ids, c.response_ids, adv)
+                for (_, _, _, adapter, c, _), adv in zip(items, advantages, strict=True)
+                if c.response_ids and (keep_zero or adv != 0.0)]
+
+    def _rate(self, t: int, matchups: list[Any], proposals: list[Proposal]) -> list[str]:
+        games: list[str] = []
+        for m in matchups:
+            rates = [pr.solve_rates[m.student] for pr in proposals
+                     if pr.teacher == m.teacher and pr.task_type == m.task_type and m.student in pr.solve_rates]
+            if rates:
+                games += self.ratings.record_matchup(m.teacher, m.student, rates, step=t)
+        return games
+
+    def _evolution_due(self, t: int) -> bool:
+        return not self.baseline and should_evolve(t, self.p.evolution)
+
+    def _evolve(self, t: int) -> list[dict[str, Any]]:
+        from openrlhf_populora.evolution import apply_action
+
+        actions = plan_evolution(self.population, self.ratings, t, self.p.evolution,
+                                 seed=step_seed(self.config.train.seed, t, "evolve"))
+        # read every parent before writing any child: a child may take the slot of another action's parent
+        parents = {slot: self.engine.get_adapter(slot) for a in actions for slot in a.parent_adapters}
+        infos = []
+        for action in actions:
+            child, info = apply_action(action, [parents[slot] for slot in action.parent_adapters])
+            self.engine.set_adapter(action.slot, child)
+            infos.append(info)
+        apply_plan(self.population, self.ratings, actions, infos)
+        return [{**action.to_dict(), "child": action.new_id, **{k: v for k, v in info.items() if _is_scalar(v)}}
+                for action, info in zip(actions, infos, strict=True)]
+
+    # ---------------------------------------------------------------------------------------------
+    # state
+
+    def save_state(self, directory: Path) -> None:
+        """Everything needed to resume exactly (the engine writes adapters and optimizer states)."""
+        self.engine.save_state(str(directory / "engine"))
+        self.population.save(directory / "population.json")
+        (directory / "ratings.json").write_text(self.ratings.to_json())
+        self.buffers.save(directory / "buffers.jsonl")
+        self.archive.save(directory / "archive")
+        (directory / "loop.json").write_text(json.dumps({"step": self.step}))
+
+    def load_state(self, directory: Path) -> None:
+        self.engine.load_state(str(directory / "engine"))
+        self.population = Population.load(directory / "population.json")
+        self.ratings = Ratings.from_json((directory / "ratings.json").read_text())
+        self.buffers = TaskBuffers.load(directory / "buffers.jsonl", capacity=self.p.buffer_capacity)
+        self.archive = CoverageArchive.load(directory / "archive")
+        self.step = json.loads((directory / "loop.json").read_text())["step"]
+
+
+def _is_scalar(value: Any) -> bool:
+    return isinstance(value, (int, float, str, bool)) or value is None

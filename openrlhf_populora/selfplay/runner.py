@@ -1,0 +1,135 @@
+"""The outer loop of a run: set-up or resume, steps with a progress bar, checkpoints, Ctrl-C, final save.
+
+``SelfPlay`` (loop.py) knows one step; this module knows a run: where files go, when to checkpoint, how
+to stop cleanly. It is the same for every engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from openrlhf_populora.config import Config
+from openrlhf_populora.selfplay.checkpoint import latest_checkpoint, save_checkpoint
+from openrlhf_populora.selfplay.loop import SelfPlay
+from openrlhf_populora.selfplay.summary import problem_records, step_metrics
+
+log = logging.getLogger(__name__)
+
+
+def _make_tracker(config: Config, run_dir: Path):
+    from openrlhf_populora.metrics import Tracker
+
+    wandb = None
+    w = config.logger.wandb
+    if w.project or w.key:
+        wandb = {"project": w.project or "openrlhf_populora", "entity": w.org, "group": w.group,
+                 "name": w.run_name or run_dir.name, "mode": w.mode, "key": w.key,
+                 "config": config.to_dict()}
+    meta = {"mode": config.populora.mode, "label": run_dir.name}
+    return Tracker(run_dir, tensorboard_dir=config.logger.tensorboard_dir, wandb=wandb, meta=meta)
+
+
+def _export(loop: SelfPlay, run_dir: Path) -> None:
+    """The run directory's human-facing files: adapters in PEFT format, population, buffers."""
+    adapters = run_dir / "adapters"
+    adapters.mkdir(exist_ok=True)
+    for member in loop.population.alive():
+        loop.engine.save_adapter(member.adapter, str(adapters / member.id))
+    loop.population.snapshot_ratings(loop.ratings)
+    loop.population.save(run_dir / "population.json")
+    loop.buffers.save(run_dir / "buffers.jsonl")
+
+
+def run(config: Config, build_engine: Callable[[Config], Any], sandbox_factory: Callable[[], Any] | None = None,
+        progress: bool = True) -> int:
+    """Run (or resume) the configured self-play run. Returns a process exit status."""
+    from openrlhf_populora.sandbox import Sandbox
+
+    run_dir = Path(config.ckpt.output_dir)
+    ckpt_root = config.checkpoint_dir
+    sb_cfg = config.populora.sandbox
+    sandbox_factory = sandbox_factory or (lambda: Sandbox(workers=sb_cfg.workers, timeout_s=sb_cfg.timeout_s,
+                                                          memory_mb=sb_cfg.memory_mb,
+                                                          isolation=sb_cfg.isolation))
+    engine = build_engine(config)
+    tracker = _make_tracker(config, run_dir)
+    interrupted = False
+
+    def on_sigterm(signum, frame):  # treat a scheduler's SIGTERM like Ctrl-C: checkpoint, then stop
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        with sandbox_factory() as sandbox:
+            loop = SelfPlay(config, engine, sandbox, run_dir, tracker)
+            checkpoint = latest_checkpoint(ckpt_root) if config.ckpt.load_enable else None
+            if checkpoint is not None:
+                loop.load_state(checkpoint)
+                tracker.truncate_after(loop.step)
+                log.info("resumed from %s at step %d", checkpoint, loop.step)
+            else:
+                if config.ckpt.load_enable:
+                    log.warning("--ckpt.load_enable: no checkpoint under %s, starting fresh", ckpt_root)
+                loop.create_adapters()
+                tic = time.perf_counter()
+                sizes = loop.seed_buffers()
+                tracker.log_event(0, {"kind": "seeding", "buffer_sizes": sizes,
+                                      "seconds": time.perf_counter() - tic})
+
+            def checkpoint_now() -> None:
+                save_checkpoint(ckpt_root, loop.step, loop.save_state, max_num=config.ckpt.max_num)
+
+            bar = tqdm(total=config.populora.total_steps, initial=loop.step, disable=not progress,
+                       desc="self-play", unit="step", dynamic_ncols=True)
+            try:
+                while loop.step < config.populora.total_steps:
+                    output = loop.run_step()
+                    metrics = step_metrics(loop, output)
+                    tracker.log(output.step, metrics)
+                    tracker.log_problems(output.step, problem_records(output))
+                    for event in output.evolution:
+                        tracker.log_event(output.step, {"kind": "evolution", **event})
+                    bar.update(1)
+                    bar.set_postfix(solve=f"{metrics.get('train/solve_rate', float('nan')):.2f}",
+                                    valid=f"{metrics.get('train/validity', float('nan')):.2f}",
+                                    cover=f"{metrics.get('coverage/overall', float('nan')):.3f}")
+                    log.info("step %d: %s", output.step, _one_line(metrics))
+                    if config.ckpt.save_steps > 0 and loop.step % config.ckpt.save_steps == 0:
+                        checkpoint_now()
+            except KeyboardInterrupt:
+                interrupted = True
+                log.warning("interrupted at step %d: writing a checkpoint", loop.step)
+            finally:
+                bar.close()
+            if loop.step > 0:
+                checkpoint_now()
+            _export(loop, run_dir)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        tracker.close()
+        engine.close()
+    if interrupted:
+        log.warning("stopped early; resume with --ckpt.load_enable --ckpt.output_dir %s", run_dir)
+        return 130
+    if config.populora.report:
+        from openrlhf_populora.metrics import render_report
+
+        try:
+            render_report([run_dir], run_dir / "figures")
+        except Exception as err:  # figures are a convenience: never lose a finished run over them
+            log.warning("could not render the figures (%s); run `python -m openrlhf_populora.cli.report %s`",
+                        err, run_dir)
+    log.info("done: %d steps in %s", loop.step, run_dir)
+    return 0
+
+
+def _one_line(metrics: dict[str, Any]) -> str:
+    keys = ["train/solve_rate", "train/validity", "train/teacher_reward", "coverage/overall", "time/step"]
+    return " ".join(f"{k.split('/')[-1]}={metrics[k]:.3g}" for k in keys if isinstance(metrics.get(k), float))

@@ -1,0 +1,94 @@
+"""The train CLI's flags and presets: OpenRLHF-style dotted names, clear errors, exit status 2."""
+
+from pathlib import Path
+
+import pytest
+
+from openrlhf_populora.cli.train import main
+from openrlhf_populora.config import Config, build_parser, load_yaml, parse_config
+
+CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
+
+
+def test_all_presets_exist_and_parse():
+    names = {p.stem for p in CONFIGS}
+    assert {"tiny-cpu", "1t1s", "4t4s", "8t8s", "baseline"} <= names
+    for path in CONFIGS:
+        config = parse_config(["--config", str(path)])
+        assert config.populora.total_steps > 0
+
+
+def test_preset_values_and_flag_precedence():
+    config = parse_config(["--config", "configs/4t4s.yaml", "--populora.num_students", "3",
+                           "--actor.adam.lr", "2e-6", "--ds.lora.target_modules", "q_proj", "v_proj",
+                           "--ckpt.load_enable"])
+    assert config.populora.num_teachers == 4 and config.populora.num_students == 3
+    assert config.actor.adam.lr == 2e-6 and config.ds.lora.target_modules == ["q_proj", "v_proj"]
+    assert config.ckpt.load_enable is True
+    assert parse_config(["--config", "configs/baseline.yaml"]).populora.mode == "baseline"
+
+
+def test_openrlhf_flag_names_are_accepted():
+    flags = {opt for action in build_parser()._actions for opt in action.option_strings}
+    for name in ["--actor.model_name_or_path", "--ds.lora.rank", "--ds.lora.alpha", "--ds.lora.target_modules",
+                 "--ds.lora.dropout", "--rollout.temperature", "--rollout.top_p", "--rollout.max_new_tokens",
+                 "--actor.adam.lr", "--actor.max_norm", "--train.seed", "--ckpt.path", "--ckpt.save_steps",
+                 "--ckpt.load_enable", "--ckpt.output_dir", "--logger.tensorboard_dir", "--logger.wandb.project",
+                 "--populora.num_teachers", "--populora.evolution.evolve_every", "--populora.reward.wrong"]:
+        assert name in flags, name
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--populora.num_teacher", "2"], "did you mean --populora.num_teachers"),
+    (["--actor.adam.learning_rate", "1e-5"], "did you mean --actor.adam.lr"),
+    (["--populora.total_steps", "0"], "--populora.total_steps must be > 0"),
+    (["--populora.total_steps", "two"], "invalid int value"),
+    (["--populora.matchmaking", "elo"], "invalid choice"),
+    (["--populora.task_types", "code_x"], "unknown task type 'code_x'"),
+    (["--populora.evolution.evolve_every", "-1"], "evolve_every must be > 0"),
+    (["--populora.evolution.operators", "{nope: 1}"], "nope"),
+    (["--config", "configs/missing.yaml"], "config file not found"),
+])
+def test_bad_flags_exit_2_with_a_clear_message(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv + ["--ckpt.output_dir", "/nonexistent/never-created"])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not Path("/nonexistent/never-created").exists()  # rejected before anything was written
+
+
+def test_unknown_yaml_key_suggests_the_closest(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("populora:\n  num_teacherz: 3\n")
+    with pytest.raises(ValueError, match="did you mean populora.num_teachers"):
+        load_yaml(bad)
+    bad.write_text("populora:\n  num_teachers: many\n")
+    with pytest.raises(ValueError, match="populora.num_teachers: cannot use 'many'"):
+        load_yaml(bad)
+
+
+def test_existing_run_is_never_overwritten(tmp_path, capsys):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    with pytest.raises(SystemExit) as exc:
+        main(["--actor.model_name_or_path", "tiny", "--ckpt.output_dir", str(tmp_path)])
+    assert "already holds a run" in str(exc.value)
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1}\n'
+
+
+def test_config_round_trips_through_its_dict():
+    from openrlhf_populora.config import config_from_dict
+
+    config = parse_config(["--config", "configs/tiny-cpu.yaml"])
+    assert config_from_dict(config.to_dict()) == config
+    assert Config() == config_from_dict(Config().to_dict())
+
+
+def test_two_runs_never_write_into_one_directory(tmp_path):
+    import fcntl
+
+    with open(tmp_path / ".lock", "w") as held:  # a run in progress holds this lock
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(SystemExit) as exc:
+            main(["--actor.model_name_or_path", "tiny", "--ckpt.output_dir", str(tmp_path)])
+    assert "another run is writing" in str(exc.value)
+    assert not (tmp_path / "config.yaml").exists()

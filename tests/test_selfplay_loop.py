@@ -1,0 +1,202 @@
+"""The self-play loop end to end on the tiny model: population and baseline runs, evolution, ratings, resume.
+
+The engine is the real ``LocalEngine`` (real adapters, real REINFORCE++ updates, real evolution on adapter
+tensors); only the *text* of completions is scripted, because these tests need deterministic proposals and
+answers of known correctness. A random tiny model writes no valid programs. The sandbox is real.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from openrlhf_populora.config import Config
+from openrlhf_populora.engines.base import Completion, SamplingParams
+from openrlhf_populora.engines.local import LocalEngine, LocalEngineConfig
+from openrlhf_populora.selfplay.runner import run
+
+pytestmark = pytest.mark.slow
+
+ACCURACY = {"s0": 0.9, "s1": 0.3, "s2": 0.6, "s3": 0.6, "b0": 0.5}  # how often each student answers right
+
+
+def _scripted_answer(adapter: str, prompt: str, rng: random.Random) -> str:
+    """A deterministic policy: teachers write small arithmetic programs, students solve them with
+    a per-student accuracy. Everything is parsed from the prompt with regular expressions."""
+    if "## Task: write a new Python program" in prompt:
+        if rng.random() < 0.25:
+            return "<think>hmm</think><answer>I do not know</answer>"  # an invalid proposal
+        k, x = rng.randint(1, 9), rng.randint(0, 20)
+        op = rng.choice(["+", "*"])
+        return f"<think>plan</think>\n<answer>\n```python\ndef f(x):\n    return x {op} {k}\n```\n```input\n{x}\n```\n</answer>"
+    if "## Task: design" in prompt:
+        inputs = "".join(f"```input\n{rng.randint(0, 99) * 10 + i}\n```\n" for i in range(10))
+        return f"<think>p</think><answer>{inputs}```message\nsome arithmetic\n```</answer>"
+    right = rng.random() < ACCURACY.get(adapter, 0.5)
+    program = re.search(r"return x ([+*]) (\d+)", prompt)
+    op, k = (program.group(1), int(program.group(2))) if program else (None, 0)
+    apply = (lambda v: v + k if op == "+" else v * k) if op else (lambda v: v)
+    if "## Task: predict the output" in prompt:
+        value = re.search(r"```input\n(.*?)\n```", prompt).group(1)
+        guess = repr(apply(int(value))) if value.isdigit() else value
+        return f"<think>t</think><answer>```output\n{guess if right else '-12345'}\n```</answer>"
+    if "## Task: find an input" in prompt:
+        value = re.search(r"```output\n(.*?)\n```", prompt).group(1)
+        guess = value
+        if op and value.lstrip("-").isdigit():
+            guess = str(int(value) - k) if op == "+" else str(int(value) // k)
+        return f"<think>t</think><answer>```input\n{guess if right else '-12345'}\n```</answer>"
+    if "## Task: write the function" in prompt:
+        pairs = re.findall(r"```input_\d+\n(-?\d+)\n```\n```output_\d+\n(-?\d+)\n```", prompt)
+        body = "return x"
+        if pairs:
+            (i0, o0), (i1, o1) = pairs[0], pairs[1]
+            i0, o0, i1, o1 = int(i0), int(o0), int(i1), int(o1)
+            body = f"return x + {o0 - i0}" if o1 - i1 == o0 - i0 else f"return x * {o0 // i0 if i0 else 1}"
+        return f"<think>t</think><answer>```python\ndef f(x):\n    {body if right else 'return 0'}\n```</answer>"
+    return "no idea"
+
+
+class ScriptedEngine(LocalEngine):
+    """The real engine, with completions scripted instead of sampled (training and adapters are real)."""
+
+    def generate(self, requests, params: SamplingParams):
+        outputs = []
+        for index, request in enumerate(requests):
+            completions = []
+            for sample in range(request.n):
+                rng = random.Random(f"{params.seed}/{index}/{sample}/{request.adapter}")
+                text = _scripted_answer(request.adapter, request.prompt, rng)
+                response = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+                prompt_ids = self.tokenizer(request.prompt, add_special_tokens=False)["input_ids"]
+                completions.append(Completion(request.adapter, prompt_ids, response, text, True))
+            outputs.append(completions)
+        return outputs
+
+
+def _config(run_dir: Path, **populora) -> Config:
+    config = Config()
+    config.actor.model_name_or_path = "tiny"
+    config.actor.adam.lr = 1e-3
+    config.ds.lora.rank = 4
+    config.rollout.max_new_tokens = 64
+    config.ckpt.output_dir = str(run_dir)
+    config.train.seed = 7
+    p = config.populora
+    p.num_teachers, p.num_students, p.total_steps = 2, 2, 2
+    p.proposals_per_teacher, p.solver_tasks, p.solver_samples, p.references = 3, 2, 2, 1
+    p.seed_tasks, p.seed_max_rounds = 3, 2
+    p.evolution.evolve_every = 2
+    p.evolution.replace_fraction = 0.5
+    p.report = False
+    for key, value in populora.items():
+        setattr(p, key, value)
+    config.validate()
+    return config
+
+
+def _build(config: Config) -> ScriptedEngine:
+    from openrlhf_populora.cli.train import build_engine
+    from openrlhf_populora.models.embedded import resolve_model
+
+    real = build_engine(config)  # the CLI's own mapping of flags onto the engine config
+    real.close()
+    return ScriptedEngine(LocalEngineConfig(**{**real.config.__dict__,
+                                               "model_name_or_path": resolve_model("tiny")}))
+
+
+def _records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _comparable(record: dict) -> dict:
+    return {k: v for k, v in record.items() if k != "time" and not k.startswith("time/")}
+
+
+def test_population_run_end_to_end(tmp_path):
+    run_dir = tmp_path / "pop"
+    config = _config(run_dir)
+    assert run(config, _build, progress=False) == 0
+
+    records = _records(run_dir)
+    assert [r["step"] for r in records] == [1, 2]
+    first = records[0]
+    assert 0 < first["train/validity"] < 1  # the script writes some invalid proposals
+    assert 0 < first["train/solve_rate"] < 1
+    assert first["train/format_rate"] == 1.0
+    for tt in config.populora.task_types:
+        assert first[f"train/{tt}/solve_rate"] is not None
+    assert any(k.startswith("matrix/t") for k in first)
+    assert first["coverage/overall"] > 0 and first["complexity/ast_nodes"] > 0
+    assert first["train/grad_norm"] > 0  # adapters really trained
+
+    # ratings moved away from the prior, and evolution at step k=2 replaced members with children
+    population = json.loads((run_dir / "population.json").read_text())["members"]
+    children = [m for m in population if m["operator"] != "init"]
+    assert children and all(m["birth_step"] == 2 and m["parents"] for m in children)
+    retired = [m for m in population if m["retired_step"] == 2]
+    assert len(retired) == len(children)
+    mus = [v for k, v in records[-1].items() if k.startswith("rating/") and k.endswith("/mu")]
+    assert any(abs(mu - 25.0) > 1e-6 for mu in mus)
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert {e["kind"] for e in events} == {"seeding", "evolution"}
+
+    # every living member's adapter loads with PEFT, and problems were archived with verdicts
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from openrlhf_populora.models.embedded import resolve_model
+
+    alive = [m for m in population if m["retired_step"] is None]
+    assert sorted(p.name for p in (run_dir / "adapters").iterdir()) == sorted(m["id"] for m in alive)
+    base = AutoModelForCausalLM.from_pretrained(resolve_model("tiny"))
+    PeftModel.from_pretrained(base, str(run_dir / "adapters" / alive[0]["id"]))
+    problems = [json.loads(line) for line in (run_dir / "problems.jsonl").read_text().splitlines()]
+    assert {p["step"] for p in problems} == {1, 2} and any(p["valid"] for p in problems)
+
+
+def test_baseline_run_end_to_end(tmp_path):
+    run_dir = tmp_path / "baseline"
+    config = _config(run_dir, mode="baseline", teacher_reward="learnability")
+    assert run(config, _build, progress=False) == 0
+    records = _records(run_dir)
+    assert len(records) == 2 and records[0]["train/validity"] > 0
+    assert not any(k.startswith("rating/") or k.startswith("matrix/") for k in records[0])
+    population = json.loads((run_dir / "population.json").read_text())["members"]
+    assert [m["id"] for m in population] == ["b0"]  # no evolution for the single agent
+    assert (run_dir / "adapters" / "b0" / "adapter_config.json").is_file()
+
+
+def test_resume_reproduces_an_uninterrupted_run(tmp_path):
+    straight = tmp_path / "straight"
+    config = _config(straight, total_steps=3)
+    assert run(config, _build, progress=False) == 0
+
+    resumed = tmp_path / "resumed"
+    first_leg = _config(resumed, total_steps=2)
+    assert run(first_leg, _build, progress=False) == 0
+    second_leg = _config(resumed, total_steps=3)
+    second_leg.ckpt.load_enable = True
+    assert run(second_leg, _build, progress=False) == 0
+
+    a, b = _records(straight), _records(resumed)
+    assert [r["step"] for r in b] == [1, 2, 3]
+    for x, y in zip(a, b, strict=True):
+        assert _comparable(x) == pytest.approx(_comparable(y), rel=1e-6, abs=1e-9)
+    for member in json.loads((straight / "population.json").read_text())["members"]:
+        if member["retired_step"] is None:
+            sa = _adapter(straight, member["id"])
+            sb = _adapter(resumed, member["id"])
+            assert sa.keys() == sb.keys()
+            assert all(torch.allclose(sa[k], sb[k], atol=1e-6) for k in sa)
+
+
+def _adapter(run_dir: Path, member: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(run_dir / "adapters" / member / "adapter_model.safetensors"))
