@@ -28,6 +28,7 @@ import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -189,7 +190,8 @@ def bench_selfplay(args) -> dict:
                 p.num_teachers, p.num_students = nt, ns
                 p.proposals_per_teacher, p.solver_tasks = proposals // nt, tasks // ns
             p.solver_samples, p.references, p.prompts = args.solver_samples, 1, "compact"
-            p.seed_tasks, p.seed_max_rounds = 4, 0
+            # the shipped seed tasks fill every solver batch, so all sizes really draw equal samples
+            p.seed_file = str(Path(__file__).resolve().parent.parent / "configs" / "seeds" / "basic.jsonl")
             p.skip_zero_advantage = False  # a random model's rewards are constant: train on everything anyway
             p.evolution.enabled = False
             p.num_threads = args.threads
