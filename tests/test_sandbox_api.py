@@ -244,3 +244,16 @@ def test_a_str_subclass_from_repr_cannot_bend_the_verdict():
         small, big = box.run([(code.replace("120", "20"), "A()"), (code, "A()")])
     assert (small.status, small.value) == ("ok", "x" * 20)
     assert big.status == "output_limit" and big.value is None
+
+
+def test_interpreter_under_a_private_tmpfs_is_bound_back():
+    """A checkout or virtualenv under /tmp (common for CI clones) stays visible inside the sandbox."""
+    import os
+    import sys
+
+    from openrlhf_populora.sandbox import isolation
+
+    prefix = os.path.realpath(sys.prefix)
+    parent = os.path.dirname(prefix)
+    hidden = isolation.hidden_interpreter_paths((parent,))
+    assert prefix in hidden[parent]

@@ -65,34 +65,50 @@ def server_argv(isolation: str, site_packages: bool = False) -> list[str]:
     is lighter (no site machinery in the warm heap)."""
     argv = [sys.executable, "-S" if not site_packages else "-s", "-B", "-c", _BOOT, SERVER_PATH]
     if isolation == "bwrap":
-        reveal: list[str] = []
-        for hidden, paths in hidden_interpreter_paths().items() if os.geteuid() == 0 else ():
-            reveal += ["--perms", "0755", "--tmpfs", hidden]
-            made = set()
-            for path in paths:
-                parts = path[len(hidden):].strip("/").split("/")
-                for k in range(1, len(parts)):  # enterable folders on the way (bwrap would make them 0700)
-                    folder = hidden + "/" + "/".join(parts[:k])
-                    if folder not in made:
-                        made.add(folder)
-                        reveal += ["--perms", "0755", "--dir", folder]
-                reveal += ["--ro-bind", path, path]
-        return [shutil.which("bwrap") or "bwrap", *_bwrap_args(os.geteuid() == 0), *reveal, "--", *argv]
+        return [*_bwrap_command(), "--", *argv]
     return argv
 
 
-def hidden_interpreter_paths() -> dict[str, list[str]]:
-    """Folders that other users cannot enter (e.g. /root, mode 0700) on the way to the files the sandboxed
-    interpreter needs (base installation, virtualenv, this package): {hidden folder: [needed paths under it]}.
+def _bwrap_command() -> list[str]:
+    """bwrap and its options: namespaces, read-only root, private tmpfs mounts, and the interpreter's
+    folders bound back where those mounts (or folders other uids cannot enter) would hide them."""
+    reveal: list[str] = []
+    private = ("/tmp", "/run")  # the tmpfs mounts of _bwrap_args
+    hidden_paths = hidden_interpreter_paths(private)
+    if os.geteuid() != 0:  # jobs share our uid: only what the private tmpfs mounts hide needs revealing
+        hidden_paths = {k: v for k, v in hidden_paths.items() if k in private}
+    for hidden, paths in hidden_paths.items():
+        reveal += ["--perms", "0755", "--tmpfs", hidden]
+        made = set()
+        for path in paths:
+            parts = path[len(hidden):].strip("/").split("/")
+            for k in range(1, len(parts)):  # enterable folders on the way (bwrap would make them 0700)
+                folder = hidden + "/" + "/".join(parts[:k])
+                if folder not in made:
+                    made.add(folder)
+                    reveal += ["--perms", "0755", "--dir", folder]
+            reveal += ["--ro-bind", path, path]
+    return [shutil.which("bwrap") or "bwrap", *_bwrap_args(os.geteuid() == 0), *reveal]
 
-    Jobs run under their own uid when we are root, so these must be covered by a tmpfs with only the needed
-    paths bound back; a pyenv Python under /root is the common case.
+
+def hidden_interpreter_paths(private_dirs: tuple[str, ...] | list[str] = ()) -> dict[str, list[str]]:
+    """Folders that hide files the sandboxed interpreter needs (base installation, virtualenv, this
+    package): {hidden folder: [needed paths under it]}.
+
+    Two kinds: folders other users cannot enter (e.g. /root, mode 0700; jobs run under their own uid when
+    we are root, and a pyenv Python under /root is the common case), and ``private_dirs``, the folders the
+    sandbox covers with a fresh tmpfs (a checkout or virtualenv under /tmp, as CI clones often are). Each is
+    covered by a tmpfs with only the needed paths bound back.
     """
     needed = {os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix, sys.prefix, sys.exec_prefix,
                                             os.path.dirname(os.path.realpath(sys.executable)),
                                             os.path.dirname(SERVER_PATH))}
     hidden: dict[str, list[str]] = {}
     for path in sorted(needed):
+        covering = [d for d in private_dirs if path.startswith(d.rstrip("/") + "/")]
+        if covering:
+            hidden.setdefault(covering[0], []).append(path)
+            continue
         current = ""
         for part in path.strip("/").split("/"):
             current += "/" + part
@@ -114,7 +130,7 @@ def bwrap_problem() -> str | None:
     path = shutil.which("bwrap")
     if path is None:
         return "no `bwrap` executable on PATH (Debian package `bubblewrap`)"
-    probe = [path, *_bwrap_args(os.geteuid() == 0), "--", sys.executable, "-s", "-c", "print('ok')"]
+    probe = [*_bwrap_command(), "--", sys.executable, "-s", "-c", "print('ok')"]
     try:
         proc = subprocess.run(probe, capture_output=True, timeout=30, env=scrubbed_env(0), check=False)
     except (OSError, subprocess.SubprocessError) as exc:

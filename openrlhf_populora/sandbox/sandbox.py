@@ -249,7 +249,8 @@ class Sandbox:
                   "tmp_root": iso.tmp_root(self.isolation),
                   "unshare_net": self.isolation == "rlimits" and os.geteuid() == 0,
                   "private_mounts": self.isolation == "rlimits" and uid is not None,
-                  "reveal": iso.hidden_interpreter_paths() if self.isolation == "rlimits" and uid is not None
+                  "reveal": iso.hidden_interpreter_paths(iso.sweep_dirs(self.isolation, uid))
+                  if self.isolation == "rlimits" and uid is not None
                   else {}}
         return _Worker(self._argv, self._env, config, self.isolation)
 

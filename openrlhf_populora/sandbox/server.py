@@ -539,12 +539,14 @@ def _private_mounts(shared_dirs: list, reveal: dict) -> bool:
     ms_bind, ms_rec, ms_private, clone_newns = 4096, 16384, 1 << 18, 0x00020000
     if libc.unshare(clone_newns) != 0 or libc.mount(None, b"/", None, ms_rec | ms_private, None) != 0:
         return False
+    # open what is to be revealed before any tmpfs can cover it (a virtualenv under /tmp, say)
+    fds_by_hidden = {hidden: {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in paths}
+                     for hidden, paths in reveal.items()}
     for folder in shared_dirs:
         if os.path.isdir(folder) and not os.path.islink(folder):
             if libc.mount(b"tmpfs", folder.encode(), b"tmpfs", 0, b"mode=1777") != 0:
                 return False
-    for hidden, paths in reveal.items():
-        fds = {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in paths}
+    for hidden, fds in fds_by_hidden.items():
         if libc.mount(b"tmpfs", hidden.encode(), b"tmpfs", 0, b"mode=0755") != 0:
             return False
         for path, fd in fds.items():
