@@ -114,3 +114,29 @@ def tiny_model():
     from openrlhf_populora.models.tiny import build_tiny_model
 
     return build_tiny_model(seed=0)
+
+
+@pytest.fixture(scope="module")
+def task_sandbox():
+    """A real sandbox sized for the task tests (short timeout, small memory)."""
+    from openrlhf_populora.sandbox import Sandbox
+
+    with Sandbox(workers=2, timeout_s=2.0, memory_mb=256) as sb:
+        yield sb
+
+
+class CountingSandbox:
+    """Delegates to a real sandbox and records each batch it receives."""
+
+    def __init__(self, inner):
+        self.inner, self.batches = inner, []
+
+    def run(self, jobs):
+        self.batches.append(list(jobs))
+        return self.inner.run(jobs)
+
+
+@pytest.fixture()
+def counting_sandbox(task_sandbox) -> CountingSandbox:
+    """The task sandbox, recording every batch sent to it (to test batching)."""
+    return CountingSandbox(task_sandbox)

@@ -7,20 +7,8 @@ from openrlhf_populora.tasks import Task, TaskRules, check_proposal, check_propo
 
 
 @pytest.fixture(scope="module")
-def sandbox():
-    with Sandbox(workers=2, timeout_s=2.0, memory_mb=256) as sb:
-        yield sb
-
-
-class CountingSandbox:
-    """Delegates to a real sandbox and records each batch it receives."""
-
-    def __init__(self, inner):
-        self.inner, self.batches = inner, []
-
-    def run(self, jobs):
-        self.batches.append(list(jobs))
-        return self.inner.run(jobs)
+def sandbox(task_sandbox):
+    return task_sandbox
 
 
 def proposal(program: str, inputs: str = "1", tags: bool = True) -> str:
@@ -164,8 +152,8 @@ def test_garbage_never_raises(sandbox):
     assert check_proposals("code_o", [None], sandbox)[0].reason == "not_text"  # type: ignore[list-item]
 
 
-def test_one_sandbox_batch_per_call(sandbox):
-    counting = CountingSandbox(sandbox)
+def test_one_sandbox_batch_per_call(counting_sandbox):
+    counting = counting_sandbox
     texts = [proposal(f"def f(x):\n    return x + {k}") for k in range(4)] + ["junk"]
     checks = check_proposals("code_o", texts, counting, proposer=["a", "b", "c", "d", "e"])
     assert [c.valid for c in checks] == [True] * 4 + [False]

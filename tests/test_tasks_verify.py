@@ -12,20 +12,8 @@ from openrlhf_populora.tasks import Task, TaskRules, check_proposal, verify_answ
 
 
 @pytest.fixture(scope="module")
-def sandbox():
-    with Sandbox(workers=2, timeout_s=2.0, memory_mb=256) as sb:
-        yield sb
-
-
-class CountingSandbox:
-    """Delegates to a real sandbox and records each batch it receives."""
-
-    def __init__(self, inner):
-        self.inner, self.batches = inner, []
-
-    def run(self, jobs):
-        self.batches.append(list(jobs))
-        return self.inner.run(jobs)
+def sandbox(task_sandbox):
+    return task_sandbox
 
 
 def out(value: str) -> str:
@@ -226,9 +214,9 @@ def test_code_f_unicode_and_custom_class_outputs(sandbox):
 # ------------------------------------------------------------------------------------------- all types
 
 
-def test_identical_answers_share_one_execution(sandbox):
+def test_identical_answers_share_one_execution(counting_sandbox):
     task = triplet("code_i", "def f(x):\n    return x * 2\n", "3", "6")
-    counting = CountingSandbox(sandbox)
+    counting = counting_sandbox
     got = verify_answers([task] * 8, [inp("3")] * 6 + [inp("4"), inp(" 3 ")], counting)
     assert [v.correct for v in got] == [True] * 6 + [False, True]
     assert len(counting.batches) == 1 and len(counting.batches[0]) == 2
@@ -236,20 +224,20 @@ def test_identical_answers_share_one_execution(sandbox):
     assert verify_answers([], [], counting) == [] and len(counting.batches) == 1
 
 
-def test_code_o_builtin_literals_need_no_sandbox_job(sandbox):
+def test_code_o_builtin_literals_need_no_sandbox_job(counting_sandbox):
     task = triplet("code_o", "def f(x):\n    return x * 2\n", "3", "6")
-    counting = CountingSandbox(sandbox)
+    counting = counting_sandbox
     got = verify_answers([task] * 3, [out("6"), out("6.0"), out("7")], counting)
     assert [v.correct for v in got] == [True, True, False] and counting.batches == []
     got = verify_answers([task] * 3, [out("6"), out("6.0"), out("7")], counting, fast_literals=False)
     assert [v.correct for v in got] == [True, True, False] and len(counting.batches[0]) == 3
 
 
-def test_mixed_batch_is_one_sandbox_call(sandbox):
+def test_mixed_batch_is_one_sandbox_call(sandbox, counting_sandbox):
     t_o = triplet("code_o", "def f(x):\n    return -x\n", "1", "-1")
     t_i = t_o.retyped("code_i")
     t_f = _induction(sandbox)
-    counting = CountingSandbox(sandbox)
+    counting = counting_sandbox
     got = verify_answers([t_o, t_i, t_f], [out("-1"), inp("1"), prog("def f(xs):\n    return sorted(xs)[::2]")],
                          counting)
     assert [v.correct for v in got] == [True, True, True] and len(counting.batches) == 1

@@ -78,12 +78,21 @@ def convert_embedded_model(target: Path) -> Path:
     model.generation_config = GenerationConfig(
         bos_token_id=model.config.bos_token_id, eos_token_id=eos_id, pad_token_id=pad_id
     )
+
+    def write(directory: Path) -> None:
+        model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+
+    return _publish(target, write, f"converted from {gguf}\n")
+
+
+def _publish(target: Path, write, marker_text: str) -> Path:
+    """Fill a temp dir next to ``target`` with ``write(dir)``, mark it done, rename it into place (atomic)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
     try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / DONE_MARKER).write_text(f"converted from {gguf}\n")
+        write(tmp)
+        (tmp / DONE_MARKER).write_text(marker_text)
         if target.exists():  # a stale, unfinished directory from an older layout
             shutil.rmtree(target)
         os.replace(tmp, target)
@@ -106,18 +115,8 @@ def tiny_model_dir(seed: int = 0) -> Path:
     target = cache_dir() / f"tiny-qwen2-seed{seed}"
     if (target / DONE_MARKER).is_file():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
-    try:
-        save_tiny_model(tmp, seed=seed)
-        (tmp / DONE_MARKER).write_text(f"tiny random model, seed {seed}\n")
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return _publish(target, lambda directory: save_tiny_model(directory, seed=seed),
+                    f"tiny random model, seed {seed}\n")
 
 
 def resolve_model(name_or_path: str | os.PathLike | None) -> str:

@@ -36,7 +36,14 @@ from statistics import fmean
 from typing import Any
 
 from openrlhf_populora.config import Config
-from openrlhf_populora.engines.base import BASE_ADAPTER, Completion, Engine, GenerationRequest, SamplingParams
+from openrlhf_populora.engines.base import (
+    BASE_ADAPTER,
+    Completion,
+    Engine,
+    GenerationRequest,
+    SamplingParams,
+    Trajectory,
+)
 from openrlhf_populora.metrics import CoverageArchive, Tracker, program_complexity
 from openrlhf_populora.population import (
     Population,
@@ -340,9 +347,7 @@ class SelfPlay:
             rate = fmean(proposal.solve_rates.values()) if proposal.solve_rates else None
             proposal.reward = teacher_reward(proposal.check, rate, self.p.reward, mode=mode)
 
-    def _trajectories(self, proposals: list[Proposal], attempts: list[Attempt]) -> list[Any]:
-        from openrlhf_populora.engines.base import Trajectory
-
+    def _trajectories(self, proposals: list[Proposal], attempts: list[Attempt]) -> list[Trajectory]:
         items = [(pr.teacher, "propose", pr.task_type, pr.adapter, pr.completion, pr.reward) for pr in proposals]
         items += [(a.student, "solve", a.task.task_type, a.adapter, a.completion, a.reward) for a in attempts]
         advantages = whiten_by_group([it[5] for it in items], [it[:3] for it in items])

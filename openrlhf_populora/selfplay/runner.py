@@ -16,6 +16,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from openrlhf_populora.config import Config
+from openrlhf_populora.metrics import Tracker, progress_postfix
 from openrlhf_populora.selfplay.checkpoint import latest_checkpoint, save_checkpoint
 from openrlhf_populora.selfplay.loop import SelfPlay
 from openrlhf_populora.selfplay.summary import problem_records, step_metrics
@@ -23,9 +24,7 @@ from openrlhf_populora.selfplay.summary import problem_records, step_metrics
 log = logging.getLogger(__name__)
 
 
-def _make_tracker(config: Config, run_dir: Path):
-    from openrlhf_populora.metrics import Tracker
-
+def _make_tracker(config: Config, run_dir: Path) -> Tracker:
     wandb = None
     w = config.logger.wandb
     if w.project or w.key:
@@ -97,9 +96,7 @@ def run(config: Config, build_engine: Callable[[Config], Any], sandbox_factory: 
                     for event in output.evolution:
                         tracker.log_event(output.step, {"kind": "evolution", **event})
                     bar.update(1)
-                    bar.set_postfix(solve=f"{metrics.get('train/solve_rate', float('nan')):.2f}",
-                                    valid=f"{metrics.get('train/validity', float('nan')):.2f}",
-                                    cover=f"{metrics.get('coverage/overall', float('nan')):.3f}")
+                    bar.set_postfix(progress_postfix(metrics))
                     log.info("step %d: %s", output.step, _one_line(metrics))
                     if config.ckpt.save_steps > 0 and loop.step % config.ckpt.save_steps == 0:
                         checkpoint_now()
