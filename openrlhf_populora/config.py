@@ -49,6 +49,13 @@ class ActorConfig:
                   f"'{TINY_MODEL}' = tiny random model built in code"},
     )
     eps_clip: float = field(default=0.2, metadata={"help": "PPO/REINFORCE++ ratio clip"})
+    lr_scheduler: str = field(default="constant", metadata=_choices(
+        "constant", "cosine_with_min_lr",
+        help="over the run's steps; OpenRLHF's default is cosine_with_min_lr, ours constant (short runs)"))
+    lr_warmup_ratio: float = field(default=0.0, metadata={"help": "fraction of total steps of linear warm-up"})
+    min_lr_ratio: float = field(default=0.1, metadata={"help": "cosine floor, as a fraction of --actor.adam.lr"})
+    eps_clip_low_high: tuple[float, float] | None = field(
+        default=None, metadata={"help": "asymmetric ratio clip LOW HIGH: clip(ratio, 1-LOW, 1+HIGH); overrides eps_clip"})
     entropy_coef: float = 0.0
     max_norm: float = field(default=1.0, metadata={"help": "gradient clipping, per adapter"})
     micro_batch_size: int = field(default=8, metadata={"help": "sequences per forward/backward in training"})
@@ -118,7 +125,9 @@ class SandboxConfig:
 
 @dataclass
 class PopuLoRAConfig:
-    engine: str = field(default="local", metadata=_choices("local", help="local: transformers+peft in one process"))
+    engine: str = field(default="local", metadata=_choices(
+        "local", "ray", help="local: transformers+peft in one process; ray: OpenRLHF 0.11.2's Ray trainer with "
+        "vLLM and DeepSpeed, taking every train_ppo_ray flag (engines/ray/launch.py)"))
     mode: str = field(
         default="population",
         metadata=_choices("population", "baseline", help="population: N_T teachers + N_S students; "
@@ -191,6 +200,11 @@ class Config:
             raise ValueError(f"--populora.task_types has duplicates: {p.task_types}")
         if not 0.0 <= self.rollout.top_p <= 1.0 or self.rollout.temperature < 0:
             raise ValueError("--rollout.top_p must be in [0, 1] and --rollout.temperature >= 0")
+        if not 0 <= self.actor.lr_warmup_ratio < 1 or not 0 <= self.actor.min_lr_ratio <= 1:
+            raise ValueError("--actor.lr_warmup_ratio must be in [0, 1) and --actor.min_lr_ratio in [0, 1]")
+        clip = self.actor.eps_clip_low_high
+        if clip is not None and not all(0 < c < 1 for c in clip):
+            raise ValueError(f"--actor.eps_clip_low_high: both bounds must be in (0, 1), got {list(clip)}")
         if self.actor.adam.lr <= 0:
             raise ValueError(f"--actor.adam.lr must be > 0, got {self.actor.adam.lr}")
         if p.sandbox.timeout_s <= 0 or p.sandbox.memory_mb < 64:
@@ -243,7 +257,8 @@ def _parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got {text!r}")
 
 
-def _add_flag(parser: argparse.ArgumentParser, name: str, f: dataclasses.Field, tp: Any) -> None:
+def add_flag(parser: argparse.ArgumentParser, name: str, f: dataclasses.Field, tp: Any) -> None:
+    """Add ``--<name>`` for one config leaf (default SUPPRESS: absent unless passed). Both engines' parsers use it."""
     base, _ = _unwrap_optional(tp)
     kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": f.metadata.get("help", "")}
     if "choices" in f.metadata:
@@ -290,7 +305,7 @@ def build_parser(prog: str = "python -m openrlhf_populora.cli.train") -> argpars
                                description="PopuLoRA population self-play (OpenRLHF-style dotted flags).")
     parser.add_argument("--config", default=None, help="YAML preset (configs/*.yaml); flags override it")
     for name, f, tp in iter_fields(Config):
-        _add_flag(parser, name, f, tp)
+        add_flag(parser, name, f, tp)
     return parser
 
 

@@ -48,6 +48,7 @@ def test_openrlhf_flag_names_are_accepted():
     (["--populora.evolution.evolve_every", "-1"], "evolve_every must be > 0"),
     (["--populora.evolution.operators", "{nope: 1}"], "nope"),
     (["--config", "configs/missing.yaml"], "config file not found"),
+    (["--actor.eps_clip_low_high", "0.2", "1.5"], "both bounds must be in (0, 1)"),
 ])
 def test_bad_flags_exit_2_with_a_clear_message(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -55,6 +56,16 @@ def test_bad_flags_exit_2_with_a_clear_message(argv, message, capsys):
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
     assert not Path("/nonexistent/never-created").exists()  # rejected before anything was written
+
+
+def test_asymmetric_clip_reaches_the_engine():
+    from openrlhf_populora.cli.train import build_engine
+
+    symmetric = build_engine(parse_config(["--actor.model_name_or_path", "tiny", "--actor.eps_clip", "0.1"]))
+    assert (symmetric.config.eps_clip_low, symmetric.config.eps_clip_high) == (0.1, 0.1)
+    engine = build_engine(parse_config(["--actor.model_name_or_path", "tiny",
+                                        "--actor.eps_clip_low_high", "0.2", "0.28"]))
+    assert (engine.config.eps_clip_low, engine.config.eps_clip_high) == (0.2, 0.28)
 
 
 def test_unknown_yaml_key_suggests_the_closest(tmp_path):

@@ -359,3 +359,32 @@ def test_bf16_base_trains_fp32_adapters():
     assert torch.isfinite(torch.tensor(stats["t0"]["loss"]))
     after = engine.get_adapter("t0")
     assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_lr_factor_follows_openrlhf_schedules():
+    from openrlhf_populora.engines.local import lr_factor
+
+    assert [lr_factor("constant", u, 0, 10, 0.1) for u in (0, 5, 20)] == [1.0, 1.0, 1.0]
+    assert [lr_factor("constant", u, 2, 10, 0.1) for u in (0, 1, 2)] == [0.0, 0.5, 1.0]  # linear warm-up
+    # cosine from 1 at the end of warm-up (update 2) to min_ratio at update 10; halfway (6) is the midpoint
+    cosine = [lr_factor("cosine_with_min_lr", u, 2, 10, 0.1) for u in (2, 6, 10, 50)]
+    assert cosine == pytest.approx([1.0, 0.55, 0.1, 0.1])
+
+
+def test_train_steps_follow_the_schedule_and_resume_on_it(tmp_path):
+    engine = make_engine(adapters=("t0", "s0"), lr_scheduler="cosine_with_min_lr", lr_warmup_steps=1,
+                         lr_total_steps=3, min_lr_ratio=0.0)
+    batch = trajectories(engine, ["t0"])
+    first = engine.train_step(batch)["t0"]["lr"]  # update 0: warm-up starts at 0
+    second = engine.train_step(batch)["t0"]["lr"]  # update 1: end of warm-up, the peak
+    assert (first, second) == (0.0, pytest.approx(1e-2))
+    engine.save_state(str(tmp_path / "state"))
+    third = engine.train_step(batch)["t0"]["lr"]  # update 2: cosine halfway to 0
+    assert third == pytest.approx(0.5e-2)
+    resumed = make_engine(adapters=("t0", "s0"), lr_scheduler="cosine_with_min_lr", lr_warmup_steps=1,
+                          lr_total_steps=3, min_lr_ratio=0.0)
+    resumed.load_state(str(tmp_path / "state"))
+    assert resumed.updates == 2
+    assert resumed.train_step(batch)["t0"]["lr"] == pytest.approx(third)
+    with pytest.raises(ValueError, match="lr_scheduler"):
+        LocalEngineConfig(lr_scheduler="exponential").validate()

@@ -78,6 +78,12 @@ class ScriptedEngine(LocalEngine):
             outputs.append(completions)
         return outputs
 
+    trained: list = []  # every trajectory handed to train_step, across engines (tests read it)
+
+    def train_step(self, trajectories):
+        ScriptedEngine.trained.extend(trajectories)
+        return super().train_step(trajectories)
+
 
 def _config(run_dir: Path, **populora) -> Config:
     config = Config()
@@ -118,10 +124,46 @@ def _comparable(record: dict) -> dict:
     return {k: v for k, v in record.items() if k != "time" and not k.startswith("time/")}
 
 
-def test_population_run_end_to_end(tmp_path):
+class _RecordingBar:
+    """Stands in for tqdm to record what the progress bar shows."""
+
+    descriptions: list[str] = []
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def set_description(self, text):
+        _RecordingBar.descriptions.append(text)
+
+    def update(self, n):
+        pass
+
+    def set_postfix(self, values):
+        pass
+
+    def close(self):
+        pass
+
+
+def test_population_run_end_to_end(tmp_path, monkeypatch):
+    import openrlhf_populora.selfplay.runner as runner
+
+    monkeypatch.setattr(runner, "tqdm", _RecordingBar)
+    ScriptedEngine.trained.clear()
     run_dir = tmp_path / "pop"
     config = _config(run_dir)
     assert run(config, _build, progress=False) == 0
+
+    # the progress bar names each phase of each step, in order
+    phases = [d.removeprefix("self-play [").removesuffix("]") for d in _RecordingBar.descriptions]
+    order = ["match", "propose", "check", "solve", "verify", "train", "evolve"]
+    assert phases == order * 2
+    # every trajectory carries its whitening group: member/role/task type, of the member in that adapter slot
+    groups = {t.group for t in ScriptedEngine.trained}
+    assert groups and all(len(g.split("/")) == 3 for g in groups)
+    assert {g.split("/")[1] for g in groups} == {"propose", "solve"}
+    assert {g.split("/")[2] for g in groups} <= set(config.populora.task_types)
+    assert all(t.group.split("/")[0][0] == t.adapter[0] for t in ScriptedEngine.trained)  # t* teach, s* solve
 
     records = _records(run_dir)
     assert [r["step"] for r in records] == [1, 2]

@@ -17,6 +17,7 @@ Everything a run produces lands in ``--ckpt.output_dir`` (the run directory):
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
 import sys
@@ -36,6 +37,7 @@ def build_engine(config: Config):
     from openrlhf_populora.models.embedded import resolve_model
 
     threads = config.populora.num_threads or (1 if config.populora.device == "cpu" else 0)
+    clip_low, clip_high = config.actor.eps_clip_low_high or (config.actor.eps_clip, config.actor.eps_clip)
     engine_config = LocalEngineConfig(
         model_name_or_path=resolve_model(config.actor.model_name_or_path),
         lora_rank=config.ds.lora.rank,
@@ -43,12 +45,16 @@ def build_engine(config: Config):
         lora_target_modules=list(config.ds.lora.target_modules),
         lora_dropout=config.ds.lora.dropout,
         lr=config.actor.adam.lr,
+        lr_scheduler=config.actor.lr_scheduler,
+        lr_warmup_steps=math.ceil(config.actor.lr_warmup_ratio * config.populora.total_steps),
+        lr_total_steps=config.populora.total_steps,
+        min_lr_ratio=config.actor.min_lr_ratio,
         adam_betas=tuple(config.actor.adam.betas),
         adam_eps=config.actor.adam.eps,
         weight_decay=config.actor.adam.weight_decay,
         max_norm=config.actor.max_norm,
-        eps_clip_low=config.actor.eps_clip,
-        eps_clip_high=config.actor.eps_clip,
+        eps_clip_low=clip_low,
+        eps_clip_high=clip_high,
         entropy_coef=config.actor.entropy_coef,
         logprob_temperature=config.rollout.temperature or 1.0,
         dtype=config.ds.param_dtype,
@@ -96,7 +102,33 @@ def _write_config(config: Config, run_dir: Path) -> None:
     path.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
 
 
+def _selects_ray(argv: list[str]) -> bool:
+    """``--populora.engine ray`` on the command line, or (without the flag) ``populora.engine: ray`` in the
+    ``--config`` preset."""
+    import argparse
+
+    probe = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    probe.add_argument("--populora.engine", dest="engine", default=None)
+    probe.add_argument("--config", default=None)
+    known, _ = probe.parse_known_args(argv)
+    if known.engine is not None:
+        return known.engine == "ray"
+    if known.config and Path(known.config).is_file():
+        try:
+            data = yaml.safe_load(Path(known.config).read_text())
+        except yaml.YAMLError:
+            return False  # the local parser reports it
+        section = data.get("populora") if isinstance(data, dict) else None
+        return isinstance(section, dict) and section.get("engine") == "ray"
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if _selects_ray(argv):  # upstream's train_ppo_ray flags + --populora.*: a different parser, same entry point
+        from openrlhf_populora.engines.ray.launch import main as launch_ray
+
+        return launch_ray(argv)
     config = parse_config(argv)  # exits with status 2 on a bad flag or value, before any model loads
     logging.basicConfig(level=os.environ.get("POPULORA_LOG", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -63,6 +63,18 @@ class Trajectory:
     prompt_ids: list[int]
     response_ids: list[int]
     advantage: float
+    group: str = ""  # the advantage's whitening group, e.g. "t0/propose/code_o" ("" = the adapter's own)
+
+
+def render_chat(tokenizer, user_text: str, chat_template: bool = True) -> str:
+    """One user message -> prompt text: the tokenizer's chat template with the generation prompt, or raw text."""
+    if not chat_template:
+        return user_text
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("the tokenizer has no chat template; use chat_template=False")
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": user_text}], tokenize=False, add_generation_prompt=True
+    )
 
 
 @runtime_checkable

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import tempfile
 import warnings
@@ -45,6 +46,7 @@ from openrlhf_populora.engines.base import (
     GenerationRequest,
     SamplingParams,
     Trajectory,
+    render_chat,
 )
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # fp16: GPU only, in practice
@@ -60,7 +62,11 @@ class LocalEngineConfig:
     lora_alpha: int = 16  # --ds.lora.alpha
     lora_target_modules: str | list[str] = "all-linear"  # --ds.lora.target_modules
     lora_dropout: float = 0.0  # --ds.lora.dropout
-    lr: float = 1e-5  # --actor.adam.lr (constant; no scheduler)
+    lr: float = 1e-5  # --actor.adam.lr: the peak learning rate
+    lr_scheduler: str = "constant"  # --actor.lr_scheduler: constant | cosine_with_min_lr (over train_step calls)
+    lr_warmup_steps: int = 0  # linear warm-up updates (--actor.lr_warmup_ratio x total steps)
+    lr_total_steps: int = 0  # updates the cosine spans (the run's total steps)
+    min_lr_ratio: float = 0.1  # --actor.min_lr_ratio: the cosine's floor, as a fraction of lr
     weight_decay: float = 0.0  # --actor.adam.weight_decay
     adam_betas: tuple[float, float] = (0.9, 0.95)  # --actor.adam.betas
     adam_eps: float = 1e-8  # --actor.adam.eps
@@ -102,8 +108,27 @@ class LocalEngineConfig:
             raise ValueError(f"num_threads must be >= 0 (0 or None: torch's default), got {self.num_threads}")
         if self.lr < 0 or self.weight_decay < 0 or not 0 <= self.lora_dropout < 1:
             raise ValueError("lr and weight_decay must be >= 0 and lora_dropout in [0, 1)")
+        if self.lr_scheduler not in LR_SCHEDULERS:
+            raise ValueError(f"lr_scheduler must be one of {LR_SCHEDULERS}, got {self.lr_scheduler!r}")
+        if self.lr_warmup_steps < 0 or self.lr_total_steps < 0 or not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError("lr_warmup_steps and lr_total_steps must be >= 0 and min_lr_ratio in [0, 1]")
         if self.eps_clip_low < 0 or self.eps_clip_high < 0 or self.logprob_temperature <= 0:
             raise ValueError("eps_clip_low/high must be >= 0 and logprob_temperature > 0")
+
+
+LR_SCHEDULERS = ("constant", "cosine_with_min_lr")
+
+
+def lr_factor(kind: str, update: int, warmup: int, total: int, min_ratio: float) -> float:
+    """The learning-rate multiplier of update number ``update`` (0-based), as OpenRLHF's schedulers define it:
+    linear warm-up from 0 over ``warmup`` updates, then constant, or a cosine from 1 down to ``min_ratio`` at
+    update ``total``."""
+    if update < warmup:
+        return update / warmup
+    if kind == "constant" or total <= warmup:
+        return 1.0
+    progress = min(1.0, (update - warmup) / (total - warmup))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def derive_seed(*parts: object) -> int:
@@ -302,6 +327,7 @@ class LocalEngine:
         self._adapters: dict[str, dict[str, torch.nn.Parameter]] = {}  # name -> {peft key: parameter}
         self._optimizers: dict[str, torch.optim.Optimizer] = {}
         self._generate_calls = 0  # seeds unseeded generate() calls reproducibly; part of save_state
+        self.updates = 0  # train_step calls so far: the learning-rate schedule's clock; part of save_state
         self._loss_fn, self.policy_loss_source = make_policy_loss(
             config.policy_loss, config.eps_clip_low, config.eps_clip_high
         )
@@ -446,13 +472,7 @@ class LocalEngine:
     # ------------------------------------------------------------------------------------- prompts
 
     def render_prompt(self, user_text: str, chat_template: bool = True) -> str:
-        if not chat_template:
-            return user_text
-        if not self.tokenizer.chat_template:
-            raise ValueError("the tokenizer has no chat template; use chat_template=False")
-        return self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": user_text}], tokenize=False, add_generation_prompt=True
-        )
+        return render_chat(self.tokenizer, user_text, chat_template)
 
     def encode(self, text: str) -> list[int]:
         """Prompt text -> token ids, without adding special tokens (rendered prompts carry their own)."""
@@ -631,11 +651,22 @@ class LocalEngine:
                 raise ValueError(f"trajectory for {t.adapter!r} has a non-finite advantage {t.advantage}")
 
     def train_step(self, trajectories: Sequence[Trajectory]) -> dict[str, dict[str, float]]:
+        """One update of every adapter in ``trajectories``, at the learning rate of update number
+        ``self.updates`` (the schedule counts train_step calls, so a child born by evolution follows the
+        run's schedule, not a fresh one)."""
         self._check_trajectories(trajectories)
         groups: dict[str, list[Trajectory]] = {name: [] for name in self._adapters}
         for t in trajectories:
             groups[t.adapter].append(t)
-        return {name: self._train_adapter(name, group) for name, group in groups.items() if group}
+        c = self.config
+        lr = c.lr * lr_factor(c.lr_scheduler, self.updates, c.lr_warmup_steps, c.lr_total_steps, c.min_lr_ratio)
+        for name, group in groups.items():
+            if group:
+                for param_group in self._optimizers[name].param_groups:
+                    param_group["lr"] = lr
+        stats = {name: self._train_adapter(name, group) for name, group in groups.items() if group}
+        self.updates += 1
+        return stats
 
     def _train_adapter(self, name: str, trajectories: list[Trajectory]) -> dict[str, float]:
         c = self.config
@@ -698,6 +729,7 @@ class LocalEngine:
             "weights": {name: self.get_adapter(name) for name in self._adapters},
             "optimizers": {name: opt.state_dict() for name, opt in self._optimizers.items()},
             "generate_calls": self._generate_calls,
+            "updates": self.updates,
             "lora": {"rank": self.config.lora_rank, "alpha": self.config.lora_alpha},
         }
 
@@ -720,6 +752,7 @@ class LocalEngine:
         self._adapters = {n: self._adapters[n] for n in order}
         self._optimizers = {n: self._optimizers[n] for n in order}
         self._generate_calls = int(state["generate_calls"])
+        self.updates = int(state.get("updates", 0))
 
     def save_state(self, path: str) -> None:
         """Write ``<path>/engine_state.pt`` atomically (a crash mid-write leaves the old file intact)."""

@@ -30,6 +30,7 @@ import logging
 import random
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import fmean
@@ -141,6 +142,7 @@ class SelfPlay:
         self.archive = CoverageArchive.create(self.run_dir / "archive", seed=0)
         self.step = 0
         self.templates = COMPACT_TEMPLATES if self.p.prompts == "compact" else DEFAULT_TEMPLATES
+        self.on_phase: Callable[[str], None] | None = None  # told each phase as it starts (progress bars)
         self._sampling = SamplingParams(temperature=config.rollout.temperature, top_p=config.rollout.top_p,
                                         max_new_tokens=config.rollout.max_new_tokens)
 
@@ -190,10 +192,12 @@ class SelfPlay:
         tic = time.perf_counter()
 
         # 1. match
+        self._enter("match")
         matchups = self._match(t)
         timings["match"] = time.perf_counter() - tic
 
         # 2. propose
+        self._enter("propose")
         tic = time.perf_counter()
         plans: list[tuple[Any, str, dict]] = []  # (teacher member, task type, prompt context)
         rng = step_rng(seed, t, "references")
@@ -206,6 +210,7 @@ class SelfPlay:
         timings["generate_propose"] = time.perf_counter() - tic
 
         # 3. check
+        self._enter("check")
         tic = time.perf_counter()
         proposals: list[Proposal] = [None] * len(plans)  # type: ignore[list-item]
         for task_type in self.p.task_types:
@@ -227,6 +232,7 @@ class SelfPlay:
         timings["metrics"] = time.perf_counter() - tic
 
         # 4. solve
+        self._enter("solve")
         tic = time.perf_counter()
         attempts = self._plan_attempts(t, matchups, proposals)
         unique: dict[tuple[str, str], list[int]] = defaultdict(list)  # (adapter, task key) -> attempt indices
@@ -243,6 +249,7 @@ class SelfPlay:
         timings["generate_solve"] = time.perf_counter() - tic
 
         # 5. verify and reward
+        self._enter("verify")
         tic = time.perf_counter()
         verdicts = verify_answers([a.task for a in attempts], [a.completion.text for a in attempts], self.sandbox)
         for attempt, verdict in zip(attempts, verdicts, strict=True):
@@ -252,12 +259,14 @@ class SelfPlay:
         timings["execute_verify"] = time.perf_counter() - tic
 
         # 6. train
+        self._enter("train")
         tic = time.perf_counter()
         trajectories = self._trajectories(proposals, attempts)
         train_stats = self.engine.train_step(trajectories) if trajectories else {}
         timings["train"] = time.perf_counter() - tic
 
         # 7. rate and evolve
+        self._enter("evolve")
         tic = time.perf_counter()
         games = [] if self.baseline else self._rate(t, matchups, proposals)
         events = self._evolve(t) if self._evolution_due(t) else []
@@ -269,6 +278,10 @@ class SelfPlay:
 
     # ---------------------------------------------------------------------------------------------
     # pieces of a step
+
+    def _enter(self, phase: str) -> None:
+        if self.on_phase is not None:
+            self.on_phase(phase)
 
     def _match(self, t: int) -> list[Any]:
         if self.baseline:
@@ -352,8 +365,8 @@ class SelfPlay:
         items += [(a.student, "solve", a.task.task_type, a.adapter, a.completion, a.reward) for a in attempts]
         advantages = whiten_by_group([it[5] for it in items], [it[:3] for it in items])
         keep_zero = not self.p.skip_zero_advantage
-        return [Trajectory(adapter, c.prompt_ids, c.response_ids, adv)
-                for (_, _, _, adapter, c, _), adv in zip(items, advantages, strict=True)
+        return [Trajectory(adapter, c.prompt_ids, c.response_ids, adv, group="/".join(key))
+                for (*key, adapter, c, _), adv in zip(items, advantages, strict=True)
                 if c.response_ids and (keep_zero or adv != 0.0)]
 
     def _rate(self, t: int, matchups: list[Any], proposals: list[Proposal]) -> list[str]:

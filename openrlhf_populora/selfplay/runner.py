@@ -87,6 +87,7 @@ def run(config: Config, build_engine: Callable[[Config], Any], sandbox_factory: 
 
             bar = tqdm(total=config.populora.total_steps, initial=loop.step, disable=not progress,
                        desc="self-play", unit="step", dynamic_ncols=True)
+            loop.on_phase = lambda phase: bar.set_description(f"self-play [{phase}]")
             try:
                 while loop.step < config.populora.total_steps:
                     output = loop.run_step()
