@@ -17,8 +17,17 @@ running verbatim:
 - ``init_device_mesh`` as imported by ``openrlhf.utils.deepspeed.deepspeed`` builds a ``"cpu"`` mesh.
 - ``torch_dist_barrier_and_cuda_sync`` (imported by name into three modules) only synchronises CUDA when
   there is CUDA.
+- DeepSpeed ZeRO-3's blocking gather of several parameters (``Init._allgather_params_coalesced``: a
+  ``GatheredParameters`` over more than one parameter, e.g. transformers' ZeRO-3 ``from_pretrained``, which
+  gathers each module's weight and bias together) waits only for the LAST of its async all-gathers, which
+  orders them on one CUDA stream but not on gloo, whose worker threads run them concurrently. The earlier
+  gathers can then land after the caller's writes (measured with two gloo ranks: about one run in three
+  loaded a q/k/v projection weight as uninitialised memory on one or both ranks, so the first forward pass
+  gave NaN). Without CUDA it takes DeepSpeed's own blocking sequential gather instead.
 
-Every replacement checks ``torch.cuda.is_available()`` at call time and, when CUDA is there, does exactly the
+``convert_to_torch_dtype`` also accepts ``"fp32"`` (the CPU launch's default ``--ds.param_dtype``).
+
+Every other replacement checks ``torch.cuda.is_available()`` at call time and, when CUDA is there, does exactly the
 upstream thing, so applying these on a GPU machine changes nothing. Apply with
 ``openrlhf_populora.patches.openrlhf_0_11_2.apply(cpu_patches())``; revert with ``revert()``.
 
@@ -124,9 +133,44 @@ def barrier_and_cuda_sync() -> None:
         torch.cuda.synchronize()
 
 
+ZERO3_COALESCED_GATHER = "deepspeed.runtime.zero.partition_parameters:Init._allgather_params_coalesced"
+
+
+def allgather_params_coalesced_blocking(self, param_list, hierarchy=0, quantize=False):
+    """``Init._allgather_params_coalesced`` that, without CUDA, really blocks until every parameter is gathered.
+
+    Upstream launches one async all-gather per parameter and waits only for the last one ("Wait ensures the
+    operation is enqueued"), relying on CUDA stream order. Gloo runs async collectives on a thread pool, so
+    the earlier parameters may still be in flight when the caller writes them (``GatheredParameters(...,
+    modifier_rank=0)``) and overwrite the write. Without CUDA this runs upstream's synchronous
+    ``_allgather_params_sequential`` (what ``stage3_allgather_sequential`` selects); with CUDA, when nothing
+    needs gathering, and for quantized weights (CUDA only), it is the upstream method."""
+    from . import original
+
+    if torch.cuda.is_available() or quantize or all(self._partition_world_size(p) == 1 for p in param_list):
+        return original(ZERO3_COALESCED_GATHER)(self, param_list, hierarchy=hierarchy, quantize=quantize)
+    return self._allgather_params_sequential(param_list, hierarchy=hierarchy)
+
+
+DTYPE_CONVERTER = "openrlhf.utils.utils:convert_to_torch_dtype"
+
+
+def convert_to_torch_dtype_with_fp32(param_dtype: str) -> torch.dtype:
+    """``convert_to_torch_dtype`` that also takes ``"fp32"``. On CPU, bf16 matmuls are slow (SmolLM2-135M's
+    training step took ~10x longer than in fp32 here) and vLLM's CPU build serves fp32, so the CPU launch
+    trains in fp32; DeepSpeed then runs without its bf16/fp16 sections, as its config enables them only for
+    ``"bf16"``/``"fp16"``. Every other value is upstream's."""
+    from . import original
+
+    if param_dtype == "fp32":
+        return torch.float32
+    return original(DTYPE_CONVERTER)(param_dtype)
+
+
 def cpu_patches() -> list[Patch]:
     """The patches that let OpenRLHF's training path (strategy set-up, replay buffer, ``ppo_train``, the
-    policy actor's ``fit``/``forward``, metric all-reduce, barriers) run on CPU with gloo."""
+    policy actor's ``fit``/``forward``, metric all-reduce, barriers, ZeRO-3 parameter gathers) run on CPU
+    with gloo."""
     patches = [
         Patch(f"{module}:torch", CPU_TORCH, "torch.cuda.current_device()/set_device/synchronize -> CPU when no CUDA")
         for module in _TORCH_USERS
@@ -140,6 +184,10 @@ def cpu_patches() -> list[Patch]:
               "torch.cuda.synchronize() after every barrier")
         for module in _BARRIER_USERS
     ]
+    patches.append(Patch(DTYPE_CONVERTER, convert_to_torch_dtype_with_fp32,
+                         "param_dtype 'fp32' for CPU training (upstream knows bf16 and fp16 only)"))
+    patches.append(Patch(ZERO3_COALESCED_GATHER, allgather_params_coalesced_blocking,
+                         "ZeRO-3 multi-parameter gathers wait for their last all-gather only (unordered on gloo)"))
     return patches
 
 

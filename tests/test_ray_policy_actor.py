@@ -1,0 +1,453 @@
+"""The PopuLoRA policy actor, in-process (its plain class), with the CPU patches and OpenRLHF's real
+``DeepspeedStrategy`` on gloo: N adapters in one engine, per-adapter forward, a fit that trains exactly the
+adapters in the batch and leaves the others bit-identical, reads/writes, checkpoints. Plus the pure pieces
+(bucketing, the trainer's routing checks) without DeepSpeed."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import runpy
+import socket
+from types import SimpleNamespace
+
+import pytest
+import torch
+from openrlhf_populora.patches import openrlhf_0_11_2 as pinned
+from openrlhf_populora.patches.openrlhf_0_11_2 import cpu
+
+from openrlhf_populora.engines.ray import ADAPTER_INFO_KEY, GROUP_INFO_KEY
+from openrlhf_populora.engines.ray import adapters_ds as ads
+from openrlhf_populora.engines.ray import policy_actor as pa
+
+NAMES = ["t0", "t1", "s0", "s1"]
+
+
+# -- pure pieces ------------------------------------------------------------------------------------------
+
+
+def test_plan_buckets_is_adapter_homogeneous_and_fills_accumulation_windows():
+    adapters = [0, 1, 0, 2, 0, 1, 2, 2]
+    for micro, gas in [(1, 1), (2, 1), (3, 1), (2, 4), (4, 2), (8, 8)]:
+        buckets = pa.plan_buckets(adapters, micro, gas)
+        assert sorted(i for b in buckets for i in b) == list(range(len(adapters)))
+        assert all(len({adapters[i] for i in b}) == 1 and 1 <= len(b) <= micro for b in buckets)
+        assert len(buckets) % gas == 0, (micro, gas, buckets)
+    assert pa.plan_buckets([0, 0, 0, 1], 2, 1) == [[0, 1], [2], [3]]
+    assert len(pa.plan_buckets([0, 1], 1, 4)) == 2  # not enough items to fill the window: as many as possible
+
+
+def test_adapter_index_of_reads_batched_and_single_sample_info():
+    assert pa.adapter_index_of({ADAPTER_INFO_KEY: torch.tensor([2, 2, 1])}) == [2, 2, 1]
+    assert pa.adapter_index_of({ADAPTER_INFO_KEY: [torch.tensor(3), torch.tensor(3)]}) == [3, 3]
+    assert pa.adapter_index_of({ADAPTER_INFO_KEY: torch.tensor(0)}) == [0]
+
+
+# -- in-process actor on DeepSpeed (gloo) ------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def upstream_args(argv: list[str]):
+    """OpenRLHF 0.11.2's own parser and the defaults its validation derives (captured, not copied)."""
+    from openrlhf.utils.config import hierarchize
+
+    class Captured(Exception):
+        pass
+
+    original = argparse.ArgumentParser.parse_args
+
+    def capture(self, *args, **kwargs):
+        raise Captured(self)
+
+    argparse.ArgumentParser.parse_args = capture
+    try:
+        runpy.run_module("openrlhf.cli.train_ppo_ray", run_name="__main__")
+        raise AssertionError("train_ppo_ray did not parse arguments")
+    except Captured as captured:
+        parser = captured.args[0]
+    finally:
+        argparse.ArgumentParser.parse_args = original
+    args = hierarchize(original(parser, argv))
+    args.actor.eps_clip_low_high = (args.actor.eps_clip, args.actor.eps_clip)
+    if len(args.algo.advantage.is_correction_threshold) == 1:
+        args.algo.advantage.is_correction_threshold.insert(0, 0.0)
+    return args
+
+
+@pytest.fixture(scope="module")
+def cpu_patched():
+    if torch.cuda.is_available():
+        pytest.skip("in-process CPU test")
+    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "RANK": "0",
+                       "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+        os.environ.setdefault(key, value)
+    pinned.apply(cpu.cpu_patches())
+    yield
+    pinned.revert()
+
+
+def make_policy(model_dir, tmp_path, zero_stage=2, micro=1, batch=4, freeze_absent=True, load=False,
+                scheduler=("--actor.lr_scheduler", "constant")):
+    from openrlhf.utils import get_strategy
+
+    args = upstream_args([
+        "--actor.model_name_or_path", model_dir, "--ds.lora.rank", "4", "--ds.lora.alpha", "8",
+        "--ds.attn_implementation", "eager", "--ds.zero_stage", str(zero_stage),
+        "--train.batch_size", str(batch), "--train.micro_batch_size", str(micro),
+        "--actor.adam.lr", "1e-2", *scheduler, "--actor.max_norm", "0",
+        "--algo.advantage.estimator", "reinforce", "--algo.kl.init_coef", "0", "--ckpt.path", str(tmp_path / "ckpt"),
+        "--ckpt.output_dir", str(tmp_path / "out"), "--vllm.num_engines", "0",
+        *(["--ckpt.load_enable"] if load else []),
+    ])
+    args.populora = SimpleNamespace(adapter_names=list(NAMES), seed=7)
+    strategy = get_strategy(args)
+    actor = pa.PopuLoRAPolicyActor.__ray_actor_class__.__new__(pa.PopuLoRAPolicyActor.__ray_actor_class__)
+    actor.init_model_from_pretrained(strategy, model_dir, max_steps=10)
+    actor.trainer.freeze_absent = freeze_absent
+    return actor
+
+
+SEQ = torch.tensor([[5, 17, 99, 3, 42, 7, 120, 64, 11, 200, 31, 8],
+                    [9, 12, 250, 77, 3, 14, 15, 92, 26, 5, 35, 89]])
+ATTN = torch.ones_like(SEQ)
+ACTION = torch.ones(2, 6, dtype=torch.bool)
+
+
+def experience(actor, index: int, advantage: float):
+    """Two samples for adapter ``index``; old log-probs from the actor itself (ratio 1)."""
+    from openrlhf.trainer.ppo_utils.experience import Experience
+
+    old = actor.forward(SEQ, ACTION, ATTN, adapter_name=NAMES[index])
+    return Experience(
+        sequences=SEQ.clone(), attention_mask=ATTN.clone(), action_mask=ACTION.clone(), action_log_probs=old,
+        advantages=torch.full((2, 6), advantage), returns=torch.full((2, 6), advantage),
+        response_length=torch.full((2,), 6.0), total_length=torch.full((2,), 12.0),
+        info={ADAPTER_INFO_KEY: torch.tensor([index, index]), GROUP_INFO_KEY: torch.tensor([index, index]),
+              "reward": torch.tensor([advantage, advantage])},
+    )
+
+
+def all_states(actor):
+    return {n: actor.get_adapter_state(n) for n in NAMES}
+
+
+def moments(actor, name):
+    from deepspeed.utils import safe_get_full_optimizer_state
+
+    return {k: [safe_get_full_optimizer_state(p, m).clone() for m in ads.MOMENT_KEYS]
+            for k, p in ads.lora_parameters(actor.actor, name).items()}
+
+
+def same(a, b) -> bool:
+    return all(torch.equal(a[k], b[k]) for k in a)
+
+
+def distinct_adapters(actor):
+    gen = torch.Generator().manual_seed(0)
+    for name in NAMES:
+        state = actor.get_adapter_state(name)
+        actor.set_adapter_state(name, {k: v + 0.1 * torch.randn(v.shape, generator=gen) for k, v in state.items()})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("zero_stage,micro", [(2, 1), (3, 2)])
+def test_fit_trains_exactly_the_adapters_in_the_batch(cpu_patched, tiny_model_dir, tmp_path, zero_stage, micro):
+    actor = make_policy(tiny_model_dir, tmp_path, zero_stage=zero_stage, micro=micro, batch=4)
+    assert ads.adapter_names(actor.actor) == NAMES
+    assert actor.lora_config() == {"r": 4, "lora_alpha": 8, "target_modules": actor.lora_config()["target_modules"],
+                                   "lora_dropout": 0.0}
+    distinct_adapters(actor)
+    lp = {n: actor.forward(SEQ, ACTION, ATTN, adapter_name=n) for n in NAMES}
+    assert all(not torch.equal(lp[a], lp[b]) for a in NAMES for b in NAMES if a < b)
+    assert torch.equal(actor.forward(SEQ, ACTION, ATTN, adapter_name=2), lp["s0"])  # an index works too
+
+    # every adapter gets Adam moments (2 optimizer steps: batch 4 = 2 adapters x 2 samples)
+    for k in range(4):
+        actor.append(experience(actor, k, 1.0 if k % 2 else -1.0))
+    status = actor.fit(0.0)
+    assert set(pa.split_per_adapter(status)) == set(NAMES) and "policy_loss" in status
+
+    before, mom_before = all_states(actor), {n: moments(actor, n) for n in NAMES}
+    actor.append(experience(actor, 0, 1.0))
+    actor.append(experience(actor, 3, -1.0))
+    status = actor.fit(0.0)
+    after, mom_after = all_states(actor), {n: moments(actor, n) for n in NAMES}
+    per = pa.split_per_adapter(status)
+    assert all(isinstance(v, float) for v in status.values() if not isinstance(v, dict))  # upstream logs floats
+    assert set(per) == {"t0", "s1"}
+    assert per["t0"]["samples"] == 2 and per["t0"]["optimizer_steps"] == 1 and per["t0"]["grad_norm"] > 0
+    assert per["t0"]["response_length"] == 6.0 and per["t0"]["reward"] == 1.0 and per["s1"]["reward"] == -1.0
+    # per-adapter gradient norms compose to DeepSpeed's global norm of the step (both adapters in one window)
+    assert status["actor_grad_norm"] == pytest.approx(math.hypot(per["t0"]["grad_norm"], per["s1"]["grad_norm"]),
+                                                      rel=1e-5)
+    for name in ["t0", "s1"]:
+        assert not same(after[name], before[name]), name
+    for name in ["t1", "s0"]:
+        assert same(after[name], before[name]), name  # bit-identical fp32 masters
+        old, new = mom_before[name], mom_after[name]
+        assert all(torch.equal(x, y) for k in new for x, y in zip(new[k], old[k], strict=True))  # and moments
+        assert torch.equal(actor.forward(SEQ, ACTION, ATTN, adapter_name=name), lp_after_write(actor, name))
+
+
+def lp_after_write(actor, name):
+    """The log-probs of a fresh copy of ``name``'s fp32 tensors (written into a spare adapter slot and back)."""
+    state = actor.get_adapter_state(name)
+    spare = "t1" if name != "t1" else "s0"
+    saved = actor.get_adapter_state(spare)
+    actor.set_adapter_state(spare, state)
+    out = actor.forward(SEQ, ACTION, ATTN, adapter_name=spare)
+    actor.set_adapter_state(spare, saved)
+    return out
+
+
+@pytest.mark.slow
+def test_without_the_mitigation_absent_adapters_drift(cpu_patched, tiny_model_dir, tmp_path, capsys):
+    actor = make_policy(tiny_model_dir, tmp_path, freeze_absent=False)
+    distinct_adapters(actor)
+    for k in range(4):
+        actor.append(experience(actor, k, 1.0))
+    actor.fit(0.0)
+    before = all_states(actor)
+    actor.append(experience(actor, 0, 1.0))
+    actor.append(experience(actor, 3, -1.0))
+    actor.fit(0.0)
+    after = all_states(actor)
+    drift = max((after[n][k] - before[n][k]).abs().max().item() for n in ["t1", "s0"] for k in before[n])
+    with capsys.disabled():
+        print(f"\n[measured] trainer without the mitigation: absent adapters moved by up to {drift:.4g} (lr 1e-2)")
+    assert drift > 1e-4
+
+
+@pytest.mark.slow
+def test_routing_rejects_mixed_micro_batches_and_checkpoint_keeps_client_states(cpu_patched, tiny_model_dir,
+                                                                               tmp_path):
+    actor = make_policy(tiny_model_dir, tmp_path, micro=2)
+    mixed = experience(actor, 0, 1.0)
+    mixed.info[ADAPTER_INFO_KEY] = torch.tensor([0, 1])
+    with pytest.raises(ValueError, match="one adapter"):
+        actor.trainer.training_step(mixed, 0.0, 0)
+    distinct_adapters(actor)
+    states = all_states(actor)
+    actor.save_checkpoint("global_step1", {pa.CLIENT_STATE_KEY: {"members": ["t0"], "step": 1}})
+    assert (tmp_path / "ckpt" / "_actor" / "global_step1").is_dir()
+    actor.trainer.strategy.print("reload")
+    again = make_policy(tiny_model_dir, tmp_path, micro=2, load=True)
+    loaded = again.load_checkpoint_states()
+    assert loaded[pa.CLIENT_STATE_KEY] == {"members": ["t0"], "step": 1}
+    assert loaded[pa.ADAPTER_NAMES_STATE_KEY] == NAMES
+    assert all(same(again.get_adapter_state(n), states[n]) for n in NAMES)
+    # the controller's save_state / load_state: a DeepSpeed checkpoint in a folder of its own
+    again.save_state(str(tmp_path / "state"), {"global_step": 3})
+    again.set_adapter_state("t0", {k: v + 1 for k, v in states["t0"].items()})
+    assert again.load_state(str(tmp_path / "state"))["global_step"] == 3
+    assert same(again.get_adapter_state("t0"), states["t0"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_saved_adapters_load_in_peft(cpu_patched, tiny_model_dir, tmp_path, zero_stage):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    actor = make_policy(tiny_model_dir, tmp_path, zero_stage=zero_stage)
+    distinct_adapters(actor)
+    out = tmp_path / "out"
+    actor.save_adapters(str(out))
+    assert (out / "tokenizer_config.json").exists()
+    for name in ["t1", "s0"]:
+        base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="eager")
+        loaded = PeftModel.from_pretrained(base, str(out / name))
+        ours = actor.get_adapter_state(name)
+        theirs = ads.adapter_state(loaded, "default")
+        assert list(theirs) == list(ours) and same(theirs, ours), name
+    before = sorted(out.rglob("*"))
+    actor.save_model()  # upstream's final save: the run has exported every member already; nothing new
+    assert sorted(out.rglob("*")) == before
+
+
+def test_the_last_accumulation_window_is_filled_by_splitting():
+    assert len(pa.plan_buckets([0, 0, 1, 1], 2, 1, min_buckets=3)) == 3
+
+
+@pytest.mark.slow
+def test_the_ray_actor_trains_in_a_ray_worker(tiny_model_dir, tmp_path):
+    """The decorated actor in a real local Ray worker (one logical GPU declared on a CPU-only node), set up
+    by the CPU worker hook: init, per-adapter forward, write, fit, read back -- all through Ray."""
+    if torch.cuda.is_available():
+        pytest.skip("CPU-only Ray check")
+    import ray
+    from openrlhf.utils import get_strategy
+
+    args = upstream_args([
+        "--actor.model_name_or_path", tiny_model_dir, "--ds.lora.rank", "4", "--ds.lora.alpha", "8",
+        "--ds.attn_implementation", "eager", "--train.batch_size", "4", "--actor.adam.lr", "1e-2",
+        "--actor.lr_scheduler", "constant", "--algo.advantage.estimator", "reinforce", "--algo.kl.init_coef", "0",
+        "--ckpt.path", str(tmp_path / "ckpt"), "--vllm.num_engines", "0",
+    ])
+    args.populora = SimpleNamespace(adapter_names=list(NAMES), seed=7)
+    hook = "openrlhf_populora.patches.openrlhf_0_11_2.cpu.setup_cpu_worker"
+    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False,
+             runtime_env={"worker_process_setup_hook": hook,
+                          "env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
+    try:
+        actor = pa.PopuLoRAPolicyActor.options(num_cpus=1).remote(1, 0, None, None)
+        ray.get(actor.init_model_from_pretrained.remote(get_strategy(args), tiny_model_dir, 10), timeout=300)
+        assert ray.get(actor.get_adapter_names.remote(), timeout=60) == NAMES
+        state = ray.get(actor.get_adapter_state.remote("t1"), timeout=60)
+        new = {k: v + 0.1 for k, v in state.items()}
+        ray.get(actor.set_adapter_state.remote("t1", new), timeout=60)
+        assert same(ray.get(actor.get_adapter_state.remote("t1"), timeout=60), new)
+        lp = ray.get([actor.forward.remote(SEQ, ACTION, ATTN, adapter_name=n) for n in ("t0", "t1")], timeout=60)
+        assert not torch.equal(lp[0], lp[1])
+        from openrlhf.trainer.ppo_utils.experience import Experience
+
+        exp = Experience(sequences=SEQ, attention_mask=ATTN, action_mask=ACTION, action_log_probs=lp[1],
+                         advantages=torch.ones(2, 6), returns=torch.ones(2, 6), response_length=torch.full((2,), 6.0),
+                         total_length=torch.full((2,), 12.0), info={ADAPTER_INFO_KEY: torch.tensor([1, 1])})
+        untouched = ray.get(actor.get_adapter_state.remote("s0"), timeout=60)
+        ray.get(actor.append.remote(exp), timeout=60)
+        ray.get(actor.append.remote(exp), timeout=60)
+        status = ray.get(actor.fit.remote(0.0), timeout=120)
+        assert set(pa.split_per_adapter(status)) == {"t1"}
+        assert not same(ray.get(actor.get_adapter_state.remote("t1"), timeout=60), new)
+        assert same(ray.get(actor.get_adapter_state.remote("s0"), timeout=60), untouched)
+    finally:
+        ray.shutdown()
+
+
+TWO_RANK_SCRIPT = r"""
+import importlib.util, os
+from pathlib import Path
+import torch
+from openrlhf_populora.patches.openrlhf_0_11_2 import cpu
+cpu.setup_cpu_worker()
+from openrlhf.utils.deepspeed import DeepspeedStrategy
+spec = importlib.util.spec_from_file_location("policy_actor_tests", os.environ["TEST_FILE"])
+t = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(t)
+
+upstream_config = DeepspeedStrategy.get_ds_train_config
+def partitioned_lora(self, *args, **kwargs):  # as on a 7B model: LoRA weights above ZeRO-3's persistence size
+    config = upstream_config(self, *args, **kwargs)
+    config["zero_optimization"]["stage3_param_persistence_threshold"] = 0
+    return config
+DeepspeedStrategy.get_ds_train_config = partitioned_lora
+
+rank, world, out = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), Path(os.environ["OUT"])
+actor = t.make_policy(os.environ["MODEL"], out, zero_stage=int(os.environ["STAGE"]), micro=2, batch=4)
+t.distinct_adapters(actor)
+def exp(index, rows):
+    e = t.experience(actor, index, 1.0 if index % 2 else -1.0)
+    for f in ("sequences", "attention_mask", "action_mask", "action_log_probs", "advantages", "returns",
+              "response_length", "total_length"):
+        setattr(e, f, getattr(e, f)[rows])
+    e.info = {k: v[rows] for k, v in e.info.items()}
+    return e
+both = slice(0, 2)
+plans = [{0: [(0, both)], 1: [(1, both)]},  # rank 0 trains t0 while rank 1 trains t1
+         {0: [(0, both)], 1: [(3, both)]},
+         {0: [(0, both)], 1: [(3, slice(0, 1)), (2, slice(1, 2))]}]  # 1 vs 2 micro-batches: equalised
+saved = {}
+for step, plan in enumerate(plans if world == 2 else plans[:2]):
+    for r in [0, 1]:  # every rank runs the same forwards (ZeRO-3 gathers are collectives), keeps its own
+        for index, rows in plan[r]:
+            built = exp(index, rows)
+            if world == 1 or r == rank:
+                actor.append(built)
+    saved[f"fit{step}"] = t.pa.split_per_adapter(actor.fit(0.0))
+    saved[f"state{step}"] = t.all_states(actor)
+torch.save(saved, out / f"world{world}_rank{rank}.pt")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_data_parallel_ranks_training_different_adapters_match_one_rank(tiny_model_dir, tmp_path, zero_stage):
+    """Two gloo ranks training DIFFERENT adapters in the same step (ZeRO-2; ZeRO-3 with partitioned LoRA
+    weights) give exactly the single-rank result on the same samples; unequal micro-batch counts are
+    equalised (ranks stay in lockstep); adapters absent on every rank stay bit-identical."""
+    import subprocess
+    import sys
+
+    if torch.cuda.is_available():
+        pytest.skip("CPU-only multi-process check")
+    script = tmp_path / "ranks.py"
+    script.write_text(TWO_RANK_SCRIPT)
+    procs = []
+    for world, rank, port in [(2, 0, _free_port()), (2, 1, None), (1, 0, _free_port())]:
+        port = port or procs[-1][1]
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), OMP_NUM_THREADS="1", TEST_FILE=__file__, OUT=str(tmp_path),
+                   MODEL=tiny_model_dir, STAGE=str(zero_stage))
+        procs.append((subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, text=True), port))
+    try:
+        logs = [p.communicate(timeout=300)[0] for p, _ in procs]
+    finally:
+        for p, _ in procs:
+            p.kill()
+    assert all(p.returncode == 0 for p, _ in procs), "\n".join(log[-3000:] for log in logs)
+    r0, r1, ref = (torch.load(tmp_path / f) for f in ("world2_rank0.pt", "world2_rank1.pt", "world1_rank0.pt"))
+    for step in range(3):
+        for name in NAMES:
+            assert same(r0[f"state{step}"][name], r1[f"state{step}"][name]), (step, name)  # ranks agree
+    for step in range(2):
+        for name in NAMES:
+            assert torch.allclose(torch.cat([v.flatten() for v in r0[f"state{step}"][name].values()]),
+                                  torch.cat([v.flatten() for v in ref[f"state{step}"][name].values()]),
+                                  rtol=0, atol=1e-6), (step, name)
+    assert set(r0["fit0"]) == {"t0", "t1"} and set(r0["fit2"]) == {"t0", "s0", "s1"}
+    assert r0["fit2"]["t0"]["optimizer_steps"] == 2  # rank 0's one micro-batch was split to match rank 1's two
+    assert same(r0["state2"]["t1"], r0["state1"]["t1"])  # absent on both ranks: untouched
+    for name in ["t0", "s0", "s1"]:
+        assert not same(r0["state2"][name], r0["state1"][name]), name
+
+
+@pytest.mark.slow
+def test_evolution_right_after_a_resume_writes_weights_and_zeroes_moments(cpu_patched, tiny_model_dir, tmp_path):
+    """After ``load_state`` (a fresh process resuming), ZeRO-2 has not linked the loaded Adam moments to the
+    parameters yet; overwriting an adapter then (evolution at the first resumed step) must still work and
+    leave that adapter with zero moments while the others keep theirs."""
+    actor = make_policy(tiny_model_dir, tmp_path, micro=2)
+    distinct_adapters(actor)
+    actor.append(experience(actor, 0, 1.0))
+    actor.append(experience(actor, 1, -1.0))
+    actor.fit(0.0)
+    actor.save_state(str(tmp_path / "state"), {"global_step": 1})
+    trained_moments = moments(actor, "t1")
+    again = make_policy(tiny_model_dir, tmp_path, micro=2)
+    assert again.load_state(str(tmp_path / "state"))["global_step"] == 1
+    child = {k: v * 0.5 for k, v in again.get_adapter_state("t0").items()}
+    again.set_adapter_state("t0", child)
+    assert same(again.get_adapter_state("t0"), child)
+    assert all(not m.any() for ms in moments(again, "t0").values() for m in ms)
+    kept = moments(again, "t1")
+    assert all(torch.equal(a, b) for k in kept for a, b in zip(kept[k], trained_moments[k], strict=True))
+    assert any(m.any() for ms in kept.values() for m in ms)
+
+
+@pytest.mark.slow
+def test_the_lr_schedule_advances_once_per_self_play_step_whatever_the_optimizer_steps(cpu_patched, tiny_model_dir,
+                                                                                     tmp_path):
+    """Upstream steps the LR scheduler at every optimizer step; a self-play step takes as many optimizer steps as
+    its adapters' samples fill, so the schedule (length: --populora.total_steps) advances once per ``fit``."""
+    actor = make_policy(tiny_model_dir, tmp_path, micro=1, batch=2, scheduler=(
+        "--actor.lr_scheduler", "cosine_with_min_lr", "--actor.lr_warmup_ratio", "0", "--actor.min_lr_ratio", "0.1"))
+    engine = ads.ds_engine(actor.actor)
+    lrs, steps = [], []
+    for samples_of in ([0], [0, 1, 2]):  # 2 samples, then 6: accumulating 2 micro-batches of 1 -> 1, then 3 steps
+        before = engine.global_steps
+        for index in samples_of:
+            actor.append(experience(actor, index, 1.0))
+        lrs.append(actor.fit(0.0)["actor_lr"])
+        steps.append(engine.global_steps - before)
+    assert steps == [1, 3]
+    # cosine over max_steps=10 self-play steps: step 0 trains at the peak, step 1 at cos(pi/10)
+    expected = [1e-2, 1e-3 + (1e-2 - 1e-3) * 0.5 * (1 + math.cos(math.pi / 10))]
+    assert lrs == pytest.approx(expected, rel=1e-6)
