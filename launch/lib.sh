@@ -1,0 +1,60 @@
+# Shared by the launch scripts (sourced, not run): builds the PopuLoRA command line for a preset and submits it
+# to a running Ray cluster with `ray job submit`, or prints it one token per line when DRY_RUN=1.
+#
+# Environment (all optional):
+#   PRESET         1t1s | 4t4s | 8t8s | baseline               (default 4t4s; flags in presets/<PRESET>.args)
+#   MODEL          HF id or local path                          (default Qwen/Qwen2.5-Coder-7B-Instruct)
+#   RUN_DIR        run directory: metrics, adapters, checkpoints (default ./runs/populora-<PRESET>)
+#   GPUS_PER_NODE  GPUs per node                                (default 8)
+#   VLLM_TP        vLLM tensor parallel size                    (default 1; engines = GPUs / VLLM_TP, colocated)
+#   RAY_ADDRESS    Ray dashboard address                        (default http://127.0.0.1:8265)
+#   RUNTIME_ENV    --runtime-env-json for the job               (default: tokenizer threads off)
+#   DRY_RUN=1      print the command instead of submitting it (tests/test_launch_scripts.py uses this)
+
+POPULORA_LAUNCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+PRESET=${PRESET:-4t4s}
+MODEL=${MODEL:-Qwen/Qwen2.5-Coder-7B-Instruct}
+RUN_DIR=${RUN_DIR:-./runs/populora-$PRESET}
+GPUS_PER_NODE=${GPUS_PER_NODE:-8}
+VLLM_TP=${VLLM_TP:-1}
+RAY_ADDRESS=${RAY_ADDRESS:-http://127.0.0.1:8265}
+RUNTIME_ENV=${RUNTIME_ENV:-'{"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}'}
+
+# Append the flags of an .args file (one flag and its values per line; blank lines and # comments skipped).
+populora_read_args() {
+  local line words
+  [[ -f $1 ]] || { echo "launch: no such preset file: $1" >&2; exit 2; }
+  while IFS= read -r line || [[ -n $line ]]; do
+    line=${line%%#*}
+    read -ra words <<<"$line"
+    ((${#words[@]})) && ARGS+=("${words[@]}")
+  done <"$1"
+}
+
+# ARGS := common flags + the preset's flags + the topology of NNODES x GPUS_PER_NODE (colocated vLLM).
+populora_args() {
+  local nnodes=$1 gpus=$(($1 * GPUS_PER_NODE))
+  if ((gpus % VLLM_TP)); then
+    echo "launch: $gpus GPUs are not divisible by VLLM_TP=$VLLM_TP" >&2
+    exit 2
+  fi
+  ARGS=()
+  populora_read_args "$POPULORA_LAUNCH_DIR/presets/common.args"
+  populora_read_args "$POPULORA_LAUNCH_DIR/presets/$PRESET.args"
+  ARGS+=(--actor.model_name_or_path "$MODEL"
+         --actor.num_nodes "$nnodes" --actor.num_gpus_per_node "$GPUS_PER_NODE"
+         --vllm.num_engines "$((gpus / VLLM_TP))" --vllm.tensor_parallel_size "$VLLM_TP"
+         --ckpt.output_dir "$RUN_DIR" --ckpt.path "$RUN_DIR/checkpoints"
+         --logger.tensorboard_dir "$RUN_DIR/tensorboard")
+}
+
+# Submit ARGS plus "$@" (extra flags from the command line win: argparse keeps the last value).
+populora_submit() {
+  local cmd=(ray job submit --address="$RAY_ADDRESS" --runtime-env-json="$RUNTIME_ENV"
+             -- python3 -m openrlhf_populora.cli.train --populora.engine ray "${ARGS[@]}" "$@")
+  if [[ ${DRY_RUN:-0} == 1 ]]; then
+    printf '%s\n' "${cmd[@]}"
+  else
+    "${cmd[@]}"
+  fi
+}

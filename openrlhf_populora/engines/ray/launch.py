@@ -1,0 +1,371 @@
+"""``--populora.engine ray``: OpenRLHF 0.11.2's own ``train_ppo_ray`` with the plugin's classes swapped in.
+
+Upstream builds its parser, validates the arguments and calls ``train(args)`` all inside
+``if __name__ == "__main__":`` of ``openrlhf/cli/train_ppo_ray.py``, so none of it is importable. Instead of
+copying any of it, this module runs that file with :func:`runpy.run_module` as ``__main__``, twice over:
+
+1. :func:`upstream_parser` runs it under a scoped ``argparse.ArgumentParser.parse_args`` hook that raises a
+   private exception carrying the parser, which stops the run right after the parser is built.
+2. :func:`main` parses the command line with that parser plus the ``--populora.*`` group, applies the plugin's
+   defaults and refusals, swaps the plugin's classes in (:func:`plugin_patches`), and runs the file again under
+   a hook that answers ``parse_args`` with the namespace already parsed. From there on everything is upstream's:
+   its validation, placement groups, actor groups, init order, ``fit`` and final save.
+
+Where each swap must land, so that the runpy'd ``train()`` picks it up (read from the 0.11.2 source):
+
+- ``openrlhf.trainer.ppo_trainer:PPOTrainer``: ``train()`` imports it *inside the function*
+  (``from openrlhf.trainer.ppo_trainer import PPOTrainer``), so the module attribute at call time counts.
+- ``openrlhf.trainer.ray.ppo_actor:PolicyModelActor``: ``train_ppo_ray`` imports it at module top level; the
+  runpy'd module executes that import afresh, after the swap, so its ``train()`` sees the replacement.
+- ``openrlhf.trainer.ray.vllm_engine:RolloutRayActor``: ``train()`` calls ``create_vllm_engines`` (imported at top
+  level from ``openrlhf.trainer.ray``, the function object itself), which looks its module global
+  ``RolloutRayActor`` up at call time. Swapping ``create_vllm_engines`` is not needed.
+
+The swaps only change what the driver process instantiates; the replacement classes are importable modules, so
+Ray workers load them by reference. All swaps are reverted when ``main`` returns or raises.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import difflib
+import functools
+import os
+import runpy
+import sys
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from types import SimpleNamespace
+from typing import Any
+
+from openrlhf_populora.config import Config, PopuLoRAConfig, _set_dotted, add_flag, iter_fields, load_yaml
+from openrlhf_populora.patches import openrlhf_0_11_2 as patches
+from openrlhf_populora.patches.openrlhf_0_11_2.cpu import install_flash_attn_shim
+
+UPSTREAM_MODULE = "openrlhf.cli.train_ppo_ray"
+PROG = "python -m openrlhf_populora.cli.train --populora.engine ray"
+
+# ``--reward.remote_url`` default: any non-empty value stops upstream's train() from building a reward-model
+# group; the plugin scores proposals and answers in its sandbox. Upstream splits it on commas -> ["populora"].
+REWARD_SENTINEL = "populora"
+
+# Upstream flags whose default the plugin changes; a flag the user passes wins.
+PLUGIN_DEFAULTS: dict[str, Any] = {
+    "algo.advantage.estimator": "reinforce",  # REINFORCE++ (AZR's TRR++ is its per-group variant)
+    "algo.kl.init_coef": 0.0,  # AZR trains without KL; > 0 keeps upstream's reference actor group
+    "reward.remote_url": REWARD_SENTINEL,
+    "ckpt.path": "",  # empty: <ckpt.output_dir>/checkpoints, as in the local engine (upstream: ./ckpt/... in cwd)
+}
+
+CONFIG_DEST = "populora_config_file"  # --config; not forwarded to upstream
+
+# (upstream target, replacement "module:attr", why). The replacements are imported lazily by plugin_patches().
+SWAPS: tuple[tuple[str, str, str], ...] = (
+    ("openrlhf.trainer.ppo_trainer:PPOTrainer",
+     "openrlhf_populora.engines.ray.trainer:PopuLoRATrainer",
+     "the controller: runs the self-play loop; train() imports PPOTrainer inside the function"),
+    ("openrlhf.trainer.ray.ppo_actor:PolicyModelActor",
+     "openrlhf_populora.engines.ray.policy_actor:PopuLoRAPolicyActor",
+     "one DeepSpeed engine holding every adapter; train_ppo_ray imports it at module level (runpy re-imports)"),
+    ("openrlhf.trainer.ray.vllm_engine:RolloutRayActor",
+     "openrlhf_populora.engines.ray.vllm_rollout:MultiLoRARolloutActor",
+     "vLLM with multi-LoRA; create_vllm_engines reads this module global at call time"),
+)
+
+
+def plugin_patches(replacements: Mapping[str, Any] | None = None) -> list[patches.Patch]:
+    """The three class swaps of the Ray launch, as :class:`Patch` objects for :func:`patches.apply`.
+
+    Each replacement is imported from its module now (not when this module is imported). ``replacements``
+    maps a target (``"openrlhf.trainer.ppo_trainer:PPOTrainer"``) to an object used instead of the import,
+    which lets tests register stand-ins.
+    """
+    replacements = replacements or {}
+    unknown = set(replacements) - {target for target, _, _ in SWAPS}
+    if unknown:
+        raise KeyError(f"not a swap target of the Ray launch: {sorted(unknown)}")
+    return [patches.Patch(target, replacements[target] if target in replacements else patches.lookup(source), why)
+            for target, source, why in SWAPS]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# running upstream's __main__ under a parse_args hook
+
+
+def _is_upstream_parser(parser: argparse.ArgumentParser) -> bool:
+    options = parser._option_string_actions
+    return "--actor.model_name_or_path" in options and "--vllm.num_engines" in options
+
+
+@contextlib.contextmanager
+def _parse_args_hook(answer: Callable[[argparse.ArgumentParser], Any]) -> Iterator[list[bool]]:
+    """While active, the first ``parse_args`` call on upstream's parser returns ``answer(parser)`` (or raises what
+    it raises) and the hook removes itself; other parsers parse normally. Yields ``[called]``."""
+    original = argparse.ArgumentParser.parse_args
+    called = [False]
+
+    def hooked(self, args=None, namespace=None):
+        if not _is_upstream_parser(self):
+            return original(self, args, namespace)
+        argparse.ArgumentParser.parse_args = original
+        called[0] = True
+        return answer(self)
+
+    argparse.ArgumentParser.parse_args = hooked
+    try:
+        yield called
+    finally:
+        argparse.ArgumentParser.parse_args = original
+
+
+def _run_upstream_main() -> None:
+    with warnings.catch_warnings():
+        # runpy warns when the module was already imported (e.g. by the source-hash lock); harmless here
+        warnings.simplefilter("ignore", RuntimeWarning)
+        runpy.run_module(UPSTREAM_MODULE, run_name="__main__", alter_sys=False)
+
+
+class _ParserCaptured(Exception):  # noqa: N818 - a control-flow signal, not an error
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        super().__init__("upstream parser captured")
+        self.parser = parser
+
+
+@functools.cache
+def _captured_parser() -> argparse.ArgumentParser:
+    def capture(parser: argparse.ArgumentParser):
+        raise _ParserCaptured(parser)
+
+    # upstream's modules import flash_attn at the top; without the real package (CPU machines) a shim that
+    # refuses every call stands in (it changes nothing where flash_attn imports)
+    install_flash_attn_shim()
+    try:
+        with _parse_args_hook(capture):
+            _run_upstream_main()
+    except _ParserCaptured as captured:
+        return captured.parser
+    raise RuntimeError(f"{UPSTREAM_MODULE} ran to the end without calling parse_args on its parser")
+
+
+def upstream_parser() -> argparse.ArgumentParser:
+    """OpenRLHF 0.11.2's ``train_ppo_ray`` parser (167 flags), captured from its ``__main__`` block.
+
+    The capture runs once per process; each call returns a deep copy, free to modify.
+    """
+    return copy.deepcopy(_captured_parser())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the launch parser: upstream's flags + the --populora.* group
+
+
+def add_populora_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add ``--config`` and the ``--populora.*`` group, generated from :class:`PopuLoRAConfig` with the local CLI's
+    own helper, so both engines share flag names, types, choices and help. Defaults are ``SUPPRESS``: a flag
+    the user did not pass is absent, and :func:`parse_launch_args` fills it from the preset or the dataclass."""
+    group = parser.add_argument_group("PopuLoRA", "population self-play (the same --populora.* flags as the "
+                                                  "local engine)")
+    group.add_argument("--config", dest=CONFIG_DEST, default=None,
+                       help="YAML preset; its populora: section gives the --populora.* defaults (flags win)")
+    for name, f, tp in iter_fields(PopuLoRAConfig, "populora."):
+        add_flag(group, name, f, tp)
+    return parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Upstream's parser with the plugin's defaults (:data:`PLUGIN_DEFAULTS`) and the ``--populora.*`` group."""
+    parser = upstream_parser()
+    parser.prog = PROG
+    parser.set_defaults(**PLUGIN_DEFAULTS)
+    return add_populora_flags(parser)
+
+
+def _error_unknown(parser: argparse.ArgumentParser, extras: list[str]) -> None:
+    known = list(parser._option_string_actions)
+    lines = [f"unrecognized arguments: {' '.join(extras)}"]
+    for token in extras:
+        flag = token.split("=", 1)[0]
+        if flag.startswith("--"):
+            close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+            if close:
+                lines.append(f"{flag} -> did you mean {close[0]}?")
+    parser.error("\n  ".join(lines))
+
+
+def _refusals(flat: argparse.Namespace) -> list[str]:
+    """Why the PopuLoRA Ray engine cannot run these upstream settings (empty: it can)."""
+    get = functools.partial(getattr, flat)
+    reasons = []
+    if get("train.async_enable"):
+        reasons.append("--train.async_enable is not supported: the self-play step needs generation and training "
+                       "in lockstep")
+    if get("ds.packing_samples") or get("train.dynamic_batch_enable") or get("ds.ring_attn_size") > 1:
+        reasons.append("--ds.packing_samples (also implied by --train.dynamic_batch_enable and "
+                       "--ds.ring_attn_size > 1) is not supported: a packed micro-batch would mix adapters")
+    if get("algo.advantage.estimator") == "gae":
+        reasons.append("--algo.advantage.estimator gae needs a critic per adapter, which is not supported; use "
+                       "reinforce (the default here) or reinforce_baseline")
+    if not get("vllm.num_engines"):
+        reasons.append("--vllm.num_engines must be >= 1: generation is vLLM-only (with --train.colocate_all, "
+                       "engines x --vllm.tensor_parallel_size = actor GPUs)")
+    if get("ds.lora.rank") <= 0:
+        reasons.append("--ds.lora.rank must be > 0: every population member is a LoRA adapter (e.g. 16)")
+    if get("train.agent_func_path"):
+        reasons.append("--train.agent_func_path is not supported: the plugin writes its own prompts and rewards")
+    return reasons
+
+
+def adapter_names(populora: PopuLoRAConfig) -> list[str]:
+    """The fixed adapter slots of a run: teachers ``t0..``, students ``s0..``; the baseline's one slot ``b0``."""
+    from openrlhf_populora.population.members import Population
+
+    if populora.mode == "baseline":
+        population = Population.baseline()
+    else:
+        population = Population.create(populora.num_teachers, populora.num_students)
+    return [member.adapter for member in population.alive()]
+
+
+def populora_namespace(populora: PopuLoRAConfig) -> SimpleNamespace:
+    """The ``--populora.*`` values as nested namespaces (``args.populora.evolution.evolve_every``), as upstream's
+    ``hierarchize`` builds them, plus ``adapter_names`` (the run's fixed adapter slots)."""
+    root = SimpleNamespace()
+    for name, _field, _tp in iter_fields(PopuLoRAConfig):
+        *parents, leaf = name.split(".")
+        node, value = root, populora
+        for part in parents:
+            if not hasattr(node, part):
+                setattr(node, part, SimpleNamespace())
+            node, value = getattr(node, part), getattr(value, part)
+        setattr(node, leaf, copy.deepcopy(getattr(value, leaf)))
+    root.adapter_names = adapter_names(populora)
+    return root
+
+
+def parse_launch_args(argv: Sequence[str]) -> SimpleNamespace:
+    """Parse a Ray-engine command line into upstream's hierarchized namespace with ``args.populora`` attached.
+
+    Runs argparse (upstream's flags and types, the plugin's defaults, the ``--populora.*`` group and its preset),
+    the PopuLoRA validation and the plugin's refusals. Errors exit with status 2 and a message, like argparse.
+    Upstream's own validation runs later, inside :func:`main`.
+    """
+    from openrlhf.utils.config import hierarchize
+
+    from openrlhf_populora.engines.ray import cluster
+
+    parser = build_parser()
+    if not cluster.cuda_available():
+        parser.set_defaults(**cluster.CPU_DEFAULTS)
+    flat, extras = parser.parse_known_args(list(argv))
+    if extras:
+        _error_unknown(parser, extras)
+    if getattr(flat, "populora.engine", "ray") != "ray":
+        parser.error(f"--populora.engine {getattr(flat, 'populora.engine')}: this launcher runs the ray engine")
+    config = Config()
+    try:
+        preset = getattr(flat, CONFIG_DEST)
+        if preset:
+            values = load_yaml(preset)
+            ignored = sorted(name for name in values if not name.startswith("populora."))
+            if ignored:
+                print(f"[populora] {preset}: the Ray engine takes OpenRLHF settings from flags only; ignoring "
+                      f"{', '.join(ignored)}", file=sys.stderr)
+            for name, value in values.items():
+                if name.startswith("populora."):
+                    _set_dotted(config, name, value)
+        for name in [n for n in vars(flat) if n.startswith("populora.")]:
+            _set_dotted(config, name, getattr(flat, name))
+            delattr(flat, name)
+        config.populora.engine = "ray"
+        config.validate()  # the local CLI's rules; every non-populora leaf here is a valid default
+    except ValueError as err:
+        parser.error(str(err))
+    delattr(flat, CONFIG_DEST)
+    reasons = _refusals(flat)
+    if reasons:
+        parser.error("the PopuLoRA Ray engine cannot run this:\n  " + "\n  ".join(reasons))
+    args = hierarchize(flat)
+    from openrlhf_populora.models.embedded import is_builtin_model, resolve_model
+
+    if is_builtin_model(args.actor.model_name_or_path):  # "embedded", "tiny": this package's models, on disk
+        args.actor.model_name_or_path = resolve_model(args.actor.model_name_or_path, for_vllm=True)
+    if not args.ckpt.path:
+        args.ckpt.path = os.path.join(args.ckpt.output_dir, "checkpoints")
+    if args.ds.lora.target_modules == ["all-linear"]:
+        # upstream's default is the string "all-linear", which peft expands to every linear layer; passed as a
+        # flag it arrives as the list ["all-linear"], which peft takes as a module name and fails on
+        args.ds.lora.target_modules = "all-linear"
+    args.populora = populora_namespace(config.populora)
+    return args
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the launch
+
+
+def _prepare(args: SimpleNamespace) -> tuple[list[patches.Patch], bool]:
+    """Everything between parsing and upstream's ``train()``: vLLM's LoRA slots (one per adapter, ranks up to
+    ``--ds.lora.rank``), Ray in CPU mode when there is no CUDA and no running Ray (on a cluster upstream's
+    ``train()`` connects as usual), and the class swaps with the configured rollout actor."""
+    from openrlhf_populora.engines.ray import cluster, vllm_rollout
+
+    rollout_actor = vllm_rollout.configure_multilora(max_loras=len(args.populora.adapter_names),
+                                                     max_lora_rank=args.ds.lora.rank)
+    started_ray = cluster.init_ray(args)
+    return plugin_patches({"openrlhf.trainer.ray.vllm_engine:RolloutRayActor": rollout_actor}), started_ray
+
+
+def _upstream_validation_failed(err: AssertionError) -> bool:
+    """True when the assertion fired in ``train_ppo_ray``'s ``__main__`` block (its argument validation), not in
+    ``train()`` or deeper."""
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return False
+    code = tb.tb_frame.f_code
+    return code.co_name == "<module>" and code.co_filename.endswith(os.path.join("cli", "train_ppo_ray.py"))
+
+
+def run_upstream(args: SimpleNamespace, swaps: list[patches.Patch]) -> None:
+    """Apply ``swaps``, run upstream's ``__main__`` (validation, then ``train(args)``) answering its ``parse_args``
+    with ``args``, and revert every patch, whatever happens."""
+    patches.apply(swaps)
+    try:
+        with _parse_args_hook(lambda _parser: args) as called:
+            _run_upstream_main()
+        if not called[0]:
+            raise RuntimeError(f"{UPSTREAM_MODULE} ran without calling parse_args; nothing was launched")
+    finally:
+        patches.revert()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Launch a PopuLoRA run on Ray: ``python -m openrlhf_populora.cli.train --populora.engine ray <flags>``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        patches.check_version()
+    except patches.UpstreamVersionError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    args = parse_launch_args(argv)
+    swaps, started_ray = _prepare(args)
+    try:
+        run_upstream(args, swaps)
+    except AssertionError as err:
+        if not _upstream_validation_failed(err):
+            raise
+        print(f"{PROG}: error: {err} (OpenRLHF's argument validation)", file=sys.stderr)
+        return 2
+    finally:
+        if started_ray:
+            import ray
+
+            ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""launch/: every script and preset builds a command that the real parser (upstream + --populora.*) and upstream's
+own validation accept; the documented stock OpenRLHF commands parse with upstream's parser alone."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip("openrlhf")
+
+from openrlhf_populora.patches import openrlhf_0_11_2 as patches  # noqa: E402
+
+from openrlhf_populora.engines.ray import launch  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+LAUNCH = ROOT / "launch"
+SCRIPTS = ["ray_job_1node.sh", "ray_job_multinode.sh", "slurm_populora.sbatch"]
+PRESETS = ["1t1s", "4t4s", "8t8s", "baseline"]
+ENTRY = ["python3", "-m", "openrlhf_populora.cli.train", "--populora.engine", "ray"]
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_patches():
+    yield
+    patches.revert()
+
+
+def dry_run(script: str, extra: list[str] = (), **env) -> list[str]:
+    """The command a script would run, one token per line (DRY_RUN=1), run from the repository root."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RAY_ADDRESS"))}
+    environment.update({"DRY_RUN": "1", **env})
+    out = subprocess.run(["bash", str(LAUNCH / script), *extra], cwd=ROOT, env=environment, capture_output=True,
+                         text=True, timeout=30, check=True)
+    return out.stdout.splitlines()
+
+
+def plugin_argv(tokens: list[str]) -> list[str]:
+    assert tokens[:3] == ["ray", "job", "submit"]
+    start = tokens.index("--")
+    assert tokens[start + 1:start + 1 + len(ENTRY)] == ENTRY
+    return tokens[start + 1 + len(ENTRY) - 2:]  # keep --populora.engine ray: the launcher sees the whole argv
+
+
+class _ReachedTrain(Exception):  # noqa: N818 - a signal: upstream's validation passed and train() started
+    pass
+
+
+def upstream_validation_accepts(args, monkeypatch) -> None:
+    """Run train_ppo_ray's __main__ (its validation) on ``args`` and stop as train() starts: its first statement
+    asks ``ray.is_initialized()``."""
+    import ray
+
+    def reached():
+        raise _ReachedTrain
+
+    monkeypatch.setattr(ray, "is_initialized", reached)
+    with pytest.raises(_ReachedTrain):
+        launch.run_upstream(args, [])
+    assert patches.applied() == []
+
+
+def test_scripts_are_valid_bash():
+    for script in [*SCRIPTS, "lib.sh"]:
+        subprocess.run(["bash", "-n", str(LAUNCH / script)], check=True, timeout=30)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_script_and_preset_parses_and_passes_upstream_validation(script, preset, monkeypatch):
+    env = {"PRESET": preset, "RUN_DIR": f"/ckpt/{preset}"}
+    if script != "ray_job_1node.sh":
+        env["NNODES" if script == "ray_job_multinode.sh" else "SLURM_JOB_NUM_NODES"] = "3"
+    argv = plugin_argv(dry_run(script, **env))
+    args = launch.parse_launch_args(argv)  # exits 2 on any unknown flag or bad value
+    nodes = 1 if script == "ray_job_1node.sh" else 3
+    gpus = nodes * 8
+    assert (args.actor.num_nodes, args.actor.num_gpus_per_node) == (nodes, 8)
+    assert args.train.colocate_all and args.vllm.num_engines * args.vllm.tensor_parallel_size == gpus
+    assert args.vllm.enforce_eager and args.actor.model_name_or_path == "Qwen/Qwen2.5-Coder-7B-Instruct"
+    assert (args.ds.lora.rank, args.ds.lora.alpha) == (16, 32) and len(args.ds.lora.target_modules) == 7
+    assert args.actor.adam.lr == 1e-5 and args.algo.kl.init_coef == 0
+    assert args.algo.advantage.estimator == "reinforce"
+    assert args.ckpt.output_dir == f"/ckpt/{preset}"
+    expected_mode = "baseline" if preset == "baseline" else "population"
+    assert args.populora.mode == expected_mode and args.populora.engine == "ray"
+    upstream_validation_accepts(args, monkeypatch)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_preset_populora_values_match_the_yaml_presets(preset):
+    args = launch.parse_launch_args(plugin_argv(dry_run("ray_job_1node.sh", PRESET=preset)))
+    section = yaml.safe_load((ROOT / "configs" / f"{preset}.yaml").read_text())["populora"]
+
+    def walk(mapping, node, prefix=""):
+        for key, value in mapping.items():
+            if isinstance(value, dict) and key != "operators":
+                walk(value, getattr(node, key), f"{prefix}{key}.")
+            else:
+                assert getattr(node, key) == value, f"populora.{prefix}{key}"
+
+    walk(section, args.populora)
+    if preset != "baseline":
+        teachers = int(preset[0])
+        assert args.populora.adapter_names == [f"t{i}" for i in range(teachers)] + [f"s{i}" for i in range(teachers)]
+
+
+def test_extra_flags_and_environment_override_the_preset():
+    tokens = dry_run("ray_job_1node.sh", ["--populora.total_steps", "3"], PRESET="1t1s", MODEL="/m/coder",
+                     GPUS_PER_NODE="4", VLLM_TP="2")
+    args = launch.parse_launch_args(plugin_argv(tokens))
+    assert args.populora.total_steps == 3 and args.actor.model_name_or_path == "/m/coder"
+    assert (args.actor.num_gpus_per_node, args.vllm.num_engines, args.vllm.tensor_parallel_size) == (4, 2, 2)
+
+
+def test_an_unknown_preset_fails_clearly():
+    out = subprocess.run(["bash", str(LAUNCH / "ray_job_1node.sh")], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "DRY_RUN": "1", "PRESET": "9t9s"}, timeout=30)
+    assert out.returncode == 2 and "no such preset file" in out.stderr
+
+
+def test_every_preset_file_line_is_one_flag():
+    for path in sorted((LAUNCH / "presets").glob("*.args")):
+        for line in path.read_text().splitlines():
+            line = line.split("#", 1)[0].strip()
+            assert not line or (line.startswith("--") and line.count("--") == 1), f"{path.name}: {line!r}"
+
+
+def stock_commands() -> list[list[str]]:
+    """The ``openrlhf.cli.train_ppo_ray`` commands of launch/README.md, as argv lists after the module name."""
+    text = (LAUNCH / "README.md").read_text()
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        if "openrlhf.cli.train_ppo_ray" in block:
+            tokens = shlex.split(block.replace("\\\n", " "))
+            commands.append(tokens[tokens.index("openrlhf.cli.train_ppo_ray") + 1:])
+    return commands
+
+
+def test_stock_openrlhf_commands_parse_with_upstream_alone(monkeypatch):
+    commands = stock_commands()
+    assert len(commands) == 2
+    for argv in commands:
+        assert not any(token.startswith("--populora") for token in argv)
+        flat = launch.upstream_parser().parse_args(argv)  # SystemExit on any flag upstream does not know
+        assert getattr(flat, "ds.lora.rank") == 0  # full fine-tune: stock LoRA cannot sync to vLLM
+        assert getattr(flat, "algo.advantage.estimator") in ("reinforce", "reinforce_baseline")
+        assert getattr(flat, "actor.num_gpus_per_node") == getattr(flat, "vllm.num_engines")
+        upstream_validation_accepts(flat, monkeypatch)
