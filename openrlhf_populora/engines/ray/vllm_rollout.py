@@ -110,16 +110,44 @@ def make_multilora_config(max_loras: int, max_lora_rank: int, dtype: str | None 
     return MultiLoRAConfig(max_loras=max_loras, max_lora_rank=fitting[0], max_cpu_loras=cpu, dtype=dtype)
 
 
+ADAPTER_DIR_PREFIX = "populora-lora-"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def remove_stale_adapter_dirs(base: Path) -> list[Path]:
+    """Delete ``populora-lora-<pid>-*`` folders in ``base`` whose process is gone. Ray ends actors without
+    running their finalizers, so each finished run would otherwise leave its payloads in tmpfs."""
+    removed = []
+    for path in base.glob(f"{ADAPTER_DIR_PREFIX}*-*"):
+        pid = path.name[len(ADAPTER_DIR_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
 def adapter_root() -> Path:
     """A fresh directory for this actor's adapter payloads: ``$POPULORA_ADAPTER_DIR``, else tmpfs
-    (``/dev/shm``) when it has room, else the temp dir."""
+    (``/dev/shm``) when it has room, else the temp dir. Named after this process, so that the next actor to
+    start there removes it once the process is gone (:func:`remove_stale_adapter_dirs`)."""
     base = os.environ.get(ADAPTER_DIR_ENV)
     if not base:
         shm = Path("/dev/shm")
         if shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free >= MIN_SHM_FREE:
             base = str(shm)
-    Path(base or tempfile.gettempdir()).mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix="populora-lora-", dir=base or None))
+    root = Path(base or tempfile.gettempdir())
+    root.mkdir(parents=True, exist_ok=True)
+    remove_stale_adapter_dirs(root)
+    return Path(tempfile.mkdtemp(prefix=f"{ADAPTER_DIR_PREFIX}{os.getpid()}-", dir=root))
 
 
 class _AdapterRoutingEngine:
