@@ -234,6 +234,21 @@ def test_input_taken_from_the_programs_own_call_when_the_block_is_missing(sandbo
     assert not check_proposal("code_o", text, sandbox, rules=TaskRules(input_from_call=False)).valid
 
 
+def test_input_taken_from_an_unlabelled_block_after_the_program(sandbox):
+    # as SmolLM2-135M wrote it: the program, some prose, then the arguments in an unlabelled block
+    text = ("Sure, here is a function:\n```python\ndef f(a, b):\n    return a * b\n```\n"
+            "It multiplies.\n```\nprint('not arguments')\nx = 1\n```\n```\n4, 5\n```\nThat is all.")
+    check = check_proposal("code_o", text, sandbox)
+    assert check.valid, check.reason
+    assert check.task.inputs == ["4, 5"] and check.task.outputs == ["20"]
+    assert check_proposal("code_o", text, sandbox, rules=TaskRules(input_from_unlabelled=False)).reason == "no_input"
+    called = "```python\ndef f(x):\n    return x + 1\n```\nOutput:\n```\nf(2)\n```"  # also as SmolLM2 wrote it
+    assert check_proposal("code_i", called, sandbox).task.inputs == ["2"]
+    # a block BEFORE the program is not its input, and a labelled block of another kind is never taken
+    before = "```\n4, 5\n```\n```python\ndef f(a, b):\n    return a * b\n```\n```output\n20\n```"
+    assert check_proposal("code_o", before, sandbox).reason == "no_input"
+
+
 def test_a_call_with_computed_arguments_is_still_not_an_input(sandbox):
     text = "```python\ndef f(x):\n    return x\n\nf(len([1, 2]))\n```"
     assert check_proposal("code_o", text, sandbox).reason == "input_not_a_value"

@@ -29,6 +29,7 @@ from openrlhf_populora.tasks.parsing import (
     ParseError,
     blocks_tagged,
     extract_answer,
+    fenced_blocks,
     find_message,
     find_program_block,
 )
@@ -91,6 +92,24 @@ def _call_arguments(block: str, entry: str) -> list[str]:
     return []
 
 
+def _unlabelled_arguments(region: str, program_block: str, program: Program) -> list[str]:
+    """Arguments from the first unlabelled fenced block after the program block that holds either a call of
+    the entry function (``f(2)``) or text that parses as call arguments (``4, 5``); [] if none does."""
+    blocks = fenced_blocks(region)
+    after = next((i for i, (_, body) in enumerate(blocks) if body == program_block), len(blocks))
+    for tag, body in blocks[after + 1:]:
+        if tag:
+            continue
+        call = _call_arguments(body, program.renamed_from or "f")
+        candidates = call or [body]
+        try:
+            parse_arguments(candidates[0], program.classes)
+        except ParseError:
+            continue
+        return candidates
+    return []
+
+
 def _static_check(task_type: str, text: str, program_context: Task | str | None,
                   rules: TaskRules) -> tuple[Program, list[str], str, bool] | ProposalCheck:
     region, tags_ok = extract_answer(text)
@@ -110,6 +129,8 @@ def _static_check(task_type: str, text: str, program_context: Task | str | None,
         inputs = blocks_tagged(region, "input")
         if not inputs and rules.input_from_call:
             inputs = _call_arguments(block, program.renamed_from or "f")
+        if not inputs and rules.input_from_unlabelled:
+            inputs = _unlabelled_arguments(region, block, program)
         if not inputs:
             return ProposalCheck(False, "no_input", tags_ok=tags_ok)
         raw_inputs, message = [inputs[0]], ""

@@ -48,6 +48,9 @@ class TaskRules:
     # no ```input block: take the arguments of the program's own top-level call of its entry function
     # (``f(3, 'a')`` or ``print(f(3, 'a'))``), which small models often write instead of the block
     input_from_call: bool = True
+    # still none: the first UNLABELLED fenced block after the program holding a call of f or text that reads
+    # as arguments ("```\nf(2)\n```", "```\n4, 5\n```"), the other ways small models drop the ```input label
+    input_from_unlabelled: bool = True
     determinism_runs: int = 2  # separate sandbox executions that must agree (AZR: j = 2, in one process)
 
     def __post_init__(self) -> None:
