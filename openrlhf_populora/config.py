@@ -309,7 +309,7 @@ def build_parser(prog: str = "python -m openrlhf_populora.cli.train") -> argpars
     return parser
 
 
-def _set_dotted(obj: Any, dotted: str, value: Any) -> None:
+def set_dotted(obj: Any, dotted: str, value: Any) -> None:
     *parents, leaf = dotted.split(".")
     for part in parents:
         obj = getattr(obj, part)
@@ -396,10 +396,10 @@ def parse_config(argv: list[str] | None = None) -> Config:
     try:
         if args.config:
             for name, value in load_yaml(args.config).items():
-                _set_dotted(config, name, value)
+                set_dotted(config, name, value)
         for name, value in vars(args).items():
             if name != "config":
-                _set_dotted(config, name, value)
+                set_dotted(config, name, value)
         config.validate()
     except ValueError as err:
         parser.error(str(err))
@@ -411,5 +411,5 @@ def config_from_dict(data: dict[str, Any]) -> Config:
     config = Config()
     for name, value in _flatten(data).items():
         if name in _LEAVES:
-            _set_dotted(config, name, _coerce(name, value))
+            set_dotted(config, name, _coerce(name, value))
     return config

@@ -306,6 +306,14 @@ def test_upstream_validation_errors_exit_2_and_revert_the_swaps(fake_cluster, st
     assert {target: patches.lookup(target) for target in stand_ins} == originals
 
 
+def test_an_existing_run_is_refused_before_anything_starts(fake_cluster, stand_ins, tmp_path):
+    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    with pytest.raises(SystemExit, match="already holds a run"):
+        launch.main(BASE + ["--ckpt.output_dir", str(tmp_path)])
+    assert RecordingGroup.made == [] and patches.applied() == []
+    assert (tmp_path / "metrics.jsonl").read_text() == "{}\n"  # nothing lost
+
+
 def test_failures_inside_train_propagate_and_revert_the_swaps(fake_cluster, stand_ins):
     originals = {target: patches.lookup(target) for target in stand_ins}
     with pytest.raises(AssertionError, match="must be equal to"):  # colocated: 2 GPUs vs 3 engines

@@ -19,14 +19,12 @@ from __future__ import annotations
 import logging
 import math
 import os
-import shutil
 import sys
-import time
 from pathlib import Path
 
 import yaml
 
-from openrlhf_populora.config import Config, config_from_dict, parse_config
+from openrlhf_populora.config import Config, parse_config
 
 log = logging.getLogger("openrlhf_populora.train")
 
@@ -67,41 +65,6 @@ def build_engine(config: Config):
     return LocalEngine(engine_config)
 
 
-def _check_run_dir(config: Config) -> None:
-    """Refuse to overwrite an existing run unless asked to resume it: nothing is ever lost silently."""
-    run_dir = Path(config.ckpt.output_dir)
-    if (run_dir / "metrics.jsonl").exists() and not config.ckpt.load_enable:
-        raise SystemExit(
-            f"error: {run_dir} already holds a run (metrics.jsonl). Resume it with --ckpt.load_enable, "
-            f"or choose another --ckpt.output_dir."
-        )
-
-
-def _lock_run_dir(run_dir: Path):
-    """Hold an exclusive lock on the run directory for this process's lifetime: two runs writing into the
-    same directory would interleave their metrics and checkpoints."""
-    import fcntl
-
-    handle = open(run_dir / ".lock", "w")  # noqa: SIM115 - kept open on purpose, released at exit
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise SystemExit(f"error: another run is writing into {run_dir} right now; wait for it or choose "
-                         f"another --ckpt.output_dir") from None
-    handle.write(str(os.getpid()))
-    handle.flush()
-    return handle
-
-
-def _write_config(config: Config, run_dir: Path) -> None:
-    path = run_dir / "config.yaml"
-    if path.exists():  # resuming: keep the original next to the new one
-        previous = config_from_dict(yaml.safe_load(path.read_text()))
-        if previous.to_dict() != config.to_dict():
-            shutil.copy(path, run_dir / f"config.{int(time.time())}.yaml")
-    path.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
-
-
 def _selects_ray(argv: list[str]) -> bool:
     """``--populora.engine ray`` on the command line, or (without the flag) ``populora.engine: ray`` in the
     ``--config`` preset."""
@@ -132,14 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     config = parse_config(argv)  # exits with status 2 on a bad flag or value, before any model loads
     logging.basicConfig(level=os.environ.get("POPULORA_LOG", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    _check_run_dir(config)
-    run_dir = Path(config.ckpt.output_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    lock = _lock_run_dir(run_dir)  # noqa: F841 - held until the process exits
-    _write_config(config, run_dir)
+    from openrlhf_populora.selfplay.runner import claim_run_dir, run
 
-    from openrlhf_populora.selfplay.runner import run
-
+    lock = claim_run_dir(config)  # noqa: F841 - held until the process exits
     return run(config, build_engine)
 
 

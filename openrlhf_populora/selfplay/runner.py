@@ -7,21 +7,71 @@ to stop cleanly. It is the same for every engine.
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
 from tqdm.auto import tqdm
 
-from openrlhf_populora.config import Config
+from openrlhf_populora.config import Config, config_from_dict
 from openrlhf_populora.metrics import Tracker, progress_postfix
 from openrlhf_populora.selfplay.checkpoint import latest_checkpoint, save_checkpoint
 from openrlhf_populora.selfplay.loop import SelfPlay
 from openrlhf_populora.selfplay.summary import problem_records, step_metrics
 
 log = logging.getLogger(__name__)
+
+
+def check_run_dir(config: Config) -> None:
+    """Refuse to overwrite an existing run unless asked to resume it: nothing is ever lost silently."""
+    run_dir = Path(config.ckpt.output_dir)
+    if (run_dir / "metrics.jsonl").exists() and not config.ckpt.load_enable:
+        raise SystemExit(
+            f"error: {run_dir} already holds a run (metrics.jsonl). Resume it with --ckpt.load_enable, "
+            f"or choose another --ckpt.output_dir."
+        )
+
+
+def _lock_run_dir(run_dir: Path):
+    """Hold an exclusive lock on the run directory for this process's lifetime: two runs writing into the
+    same directory would interleave their metrics and checkpoints."""
+    import fcntl
+
+    handle = open(run_dir / ".lock", "w")  # noqa: SIM115 - kept open on purpose, released at exit
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise SystemExit(f"error: another run is writing into {run_dir} right now; wait for it or choose "
+                         f"another --ckpt.output_dir") from None
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle
+
+
+def _write_config(config: Config, run_dir: Path) -> None:
+    path = run_dir / "config.yaml"
+    if path.exists():  # resuming: keep the original next to the new one
+        previous = config_from_dict(yaml.safe_load(path.read_text()))
+        if previous.to_dict() != config.to_dict():
+            shutil.copy(path, run_dir / f"config.{int(time.time())}.yaml")
+    path.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+
+
+def claim_run_dir(config: Config):
+    """Make the run directory this process's: refuse an existing run unless resuming (:func:`check_run_dir`),
+    lock it, write the resolved ``config.yaml``. Every entry point calls this before :func:`run`; keep the
+    returned handle open for the run's lifetime (closing it releases the lock)."""
+    check_run_dir(config)
+    run_dir = Path(config.ckpt.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    handle = _lock_run_dir(run_dir)
+    _write_config(config, run_dir)
+    return handle
 
 
 def _make_tracker(config: Config, run_dir: Path) -> Tracker:

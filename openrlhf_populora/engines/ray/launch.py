@@ -40,7 +40,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
 
-from openrlhf_populora.config import Config, PopuLoRAConfig, _set_dotted, add_flag, iter_fields, load_yaml
+from openrlhf_populora.config import Config, PopuLoRAConfig, add_flag, iter_fields, load_yaml, set_dotted
+from openrlhf_populora.engines.ray.settings import config_from_args
 from openrlhf_populora.patches import openrlhf_0_11_2 as patches
 from openrlhf_populora.patches.openrlhf_0_11_2.cpu import install_flash_attn_shim
 
@@ -274,9 +275,9 @@ def parse_launch_args(argv: Sequence[str]) -> SimpleNamespace:
                       f"{', '.join(ignored)}", file=sys.stderr)
             for name, value in values.items():
                 if name.startswith("populora."):
-                    _set_dotted(config, name, value)
+                    set_dotted(config, name, value)
         for name in [n for n in vars(flat) if n.startswith("populora.")]:
-            _set_dotted(config, name, getattr(flat, name))
+            set_dotted(config, name, getattr(flat, name))
             delattr(flat, name)
         config.populora.engine = "ray"
         config.validate()  # the local CLI's rules; every non-populora leaf here is a valid default
@@ -351,6 +352,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     args = parse_launch_args(argv)
+    from openrlhf_populora.selfplay.runner import check_run_dir
+
+    check_run_dir(config_from_args(args))  # an existing run is refused before Ray and the models start
     swaps, started_ray = _prepare(args)
     try:
         run_upstream(args, swaps)

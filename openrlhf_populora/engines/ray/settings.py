@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from openrlhf_populora.config import Config, iter_fields
+from openrlhf_populora.config import Config, iter_fields, set_dotted
 
 # Leaves the loop reads. Engine-side leaves (optimiser, LoRA shape, dtype) are consumed by upstream's actors.
 SHARED_PREFIXES = ("populora.", "rollout.", "train.seed", "ckpt.", "logger.")
@@ -29,8 +29,6 @@ def _lookup(namespace: Any, dotted: str) -> Any:
 
 def config_from_args(args: Any) -> Config:
     """A validated ``Config`` for the self-play loop from upstream's hierarchized ``args``."""
-    from openrlhf_populora.config import _set_dotted  # the local CLI's setter: one coercion rule for both
-
     config = Config()
     for name, _field, _tp in iter_fields(Config):
         if not name.startswith(SHARED_PREFIXES):
@@ -44,6 +42,6 @@ def config_from_args(args: Any) -> Config:
             continue  # upstream's rule: W&B is on only with --logger.wandb.key (its project has a default)
         if name == "ckpt.max_num":
             value = int(value)
-        _set_dotted(config, name, value)
+        set_dotted(config, name, value)
     config.validate()
     return config

@@ -18,8 +18,6 @@ AZR. It runs inside the trainer actor's process.
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,8 +38,6 @@ from openrlhf_populora.engines.base import (
 )
 from openrlhf_populora.engines.ray.experience import PopuLoRAExperienceMaker, build_experiences
 from openrlhf_populora.engines.ray.settings import config_from_args
-
-log = logging.getLogger(__name__)
 
 RAY_TIMEOUT_S = 3600.0  # one ray.get never waits longer than this: an unschedulable actor must not hang a run
 
@@ -65,7 +61,6 @@ class RayEngine:
         self._lora_config = _get(self.actors._actor_handlers[0].lora_config.remote())
         self._uploaded: set[str] = set()
         self.global_step = 0
-        self.last_status: dict[str, Any] = {}
 
     # -------------------------------------------------------------------------------- adapters
 
@@ -89,7 +84,7 @@ class RayEngine:
         self._check(name)
         tensors = {k: v.detach().to("cpu", torch.float32) for k, v in weights.items()}
         _get(self.actors.async_run_method(method_name="set_adapter_state", name=name, tensors=tensors))
-        self._upload([name])
+        self.upload([name])
 
     def save_adapter(self, name: str, path: str) -> None:
         write_peft_adapter(path, self.get_adapter(name), self._lora_config)
@@ -98,7 +93,7 @@ class RayEngine:
         if name not in self._names:
             raise KeyError(f"unknown adapter {name!r}; the engine holds {self._names}")
 
-    def _upload(self, names: Sequence[str]) -> None:
+    def upload(self, names: Sequence[str]) -> None:
         """Send the current weights of ``names`` to every vLLM engine (each engine gives them a fresh LoRA id)."""
         refs = []
         for name in names:
@@ -115,7 +110,7 @@ class RayEngine:
     def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[list[Completion]]:
         missing = sorted({r.adapter for r in requests} - self._uploaded - {BASE_ADAPTER})
         if missing:  # first use: upstream syncs vLLM only on resume, so the adapters go up here
-            self._upload(missing)
+            self.upload(missing)
         prompts = [self.tokenizer(r.prompt, add_special_tokens=False)["input_ids"] for r in requests]
         results: list[list[Completion] | None] = [None] * len(requests)
         by_n: dict[int, list[int]] = {}
@@ -149,10 +144,7 @@ class RayEngine:
                                         self.args.rollout.micro_batch_size)
         changed = sorted({t.adapter for t in trajectories})
         self.trainer.changed_adapters = changed
-        tic = time.perf_counter()
         status, self.global_step = self.trainer.train_step(experiences, self.global_step)
-        status["timing/train_step"] = time.perf_counter() - tic
-        self.last_status = status
         return per_adapter_stats(status, changed)
 
     # ------------------------------------------------------------------------------------ state
@@ -226,13 +218,13 @@ class PopuLoRATrainerBase(PPOTrainer.__ray_actor_class__):
         """After an update: only the adapters trained in this step move to vLLM, each under a fresh LoRA id."""
         engine: RayEngine | None = getattr(self, "engine", None)
         if engine is not None and self.changed_adapters:
-            engine._upload(self.changed_adapters)
+            engine.upload(self.changed_adapters)
 
     def fit(self, global_step: int = 0) -> int:
-        from openrlhf_populora.selfplay.runner import run
+        from openrlhf_populora.selfplay.runner import claim_run_dir, run
 
         config = config_from_args(self.args)
-        Path(config.ckpt.output_dir).mkdir(parents=True, exist_ok=True)
+        lock = claim_run_dir(config)  # noqa: F841 - held (the run directory locked) until fit returns
 
         def build_engine(_config) -> RayEngine:
             self.engine = RayEngine(self)
