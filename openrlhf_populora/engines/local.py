@@ -453,21 +453,12 @@ class LocalEngine:
         del self._adapters[name], self._optimizers[name]
 
     def save_adapter(self, name: str, path: str) -> None:
-        from safetensors.torch import save_file
+        from openrlhf_populora.engines.adapter_files import write_peft_adapter
 
         self._check_adapter(name)
-        out = Path(path)
-        out.mkdir(parents=True, exist_ok=True)
-        config = self.peft.peft_config[name]
-        saved_inference_mode = config.inference_mode
-        config.inference_mode = True
-        try:
-            config.base_model_name_or_path = self.model_path or None
-            config.save_pretrained(str(out))
-        finally:
-            config.inference_mode = saved_inference_mode
-        tensors = {k: v.contiguous() for k, v in self.get_adapter(name).items()}
-        save_file(tensors, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
+        config = {**self.peft.peft_config[name].to_dict(), "inference_mode": True,
+                  "base_model_name_or_path": self.model_path or None}
+        write_peft_adapter(path, self.get_adapter(name), config)
 
     # ------------------------------------------------------------------------------------- prompts
 
@@ -660,10 +651,9 @@ class LocalEngine:
             groups[t.adapter].append(t)
         c = self.config
         lr = c.lr * lr_factor(c.lr_scheduler, self.updates, c.lr_warmup_steps, c.lr_total_steps, c.min_lr_ratio)
-        for name, group in groups.items():
-            if group:
-                for param_group in self._optimizers[name].param_groups:
-                    param_group["lr"] = lr
+        for optimizer in self._optimizers.values():
+            for param_group in optimizer.param_groups:
+                param_group["lr"] = lr
         stats = {name: self._train_adapter(name, group) for name, group in groups.items() if group}
         self.updates += 1
         return stats

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from openrlhf_populora.engines.base import BASE_ADAPTER, GenerationRequest, SamplingParams
+from openrlhf_populora.engines.base import BASE_ADAPTER, GenerationRequest, SamplingParams, render_chat
 from openrlhf_populora.eval.members import EvalMember
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # max_lora_rank values vLLM accepts
@@ -198,8 +198,7 @@ class VLLMBackend:
         return results
 
     def render_chat(self, user_text: str) -> str:
-        return self.tokenizer.apply_chat_template([{"role": "user", "content": user_text}], tokenize=False,
-                                             add_generation_prompt=True)
+        return render_chat(self.tokenizer, user_text)
 
     def close(self) -> None:
         """Stop the engine's core process now rather than whenever the garbage collector gets to it: with the

@@ -120,10 +120,18 @@ def tiny_model_dir(seed: int = 0, heads: int | None = None) -> Path:
                     f"tiny random model, seed {seed}, heads {heads or 'default'}\n")
 
 
+def _is_embedded(name_or_path: str | os.PathLike | None) -> bool:
+    return name_or_path is None or str(name_or_path) in EMBEDDED_NAMES
+
+
+def _is_tiny(name_or_path: str | os.PathLike | None) -> bool:
+    name = str(name_or_path)
+    return name_or_path is not None and (name == TINY_PREFIX or name.startswith(TINY_PREFIX + ":"))
+
+
 def is_builtin_model(name_or_path: str | os.PathLike | None) -> bool:
     """Whether ``name_or_path`` names a model this package provides (embedded or tiny), not a path."""
-    name = str(name_or_path)
-    return name_or_path is None or name in EMBEDDED_NAMES or name == TINY_PREFIX or name.startswith(TINY_PREFIX + ":")
+    return _is_embedded(name_or_path) or _is_tiny(name_or_path)
 
 
 def resolve_model(name_or_path: str | os.PathLike | None, for_vllm: bool = False) -> str:
@@ -135,10 +143,10 @@ def resolve_model(name_or_path: str | os.PathLike | None, for_vllm: bool = False
     - anything else must be a local directory holding a ``config.json`` (hub ids are not downloaded).
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if name_or_path is None or str(name_or_path) in EMBEDDED_NAMES:
+    if _is_embedded(name_or_path):
         return str(embedded_model_dir())
     name = str(name_or_path)
-    if name == TINY_PREFIX or name.startswith(TINY_PREFIX + ":"):
+    if _is_tiny(name):
         seed_text = name.partition(":")[2] or "0"
         if not seed_text.isdigit():
             raise ValueError(f"bad tiny model name {name!r}: expected 'tiny' or 'tiny:<seed>'")

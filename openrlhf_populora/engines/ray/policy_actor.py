@@ -452,17 +452,13 @@ class PopuLoRAPolicyActor(PolicyModelActor.__ray_actor_class__):
         Replaces upstream's PEFT save, which under ZeRO-3 reads only an adapter named "default"."""
         import os
 
-        from safetensors.torch import save_file
+        from openrlhf_populora.engines.adapter_files import write_peft_adapter
 
         peft = ads.peft_model(self.actor)
         for name in names or self.adapter_names:
             tensors = self.get_adapter_state(name)
             if self.strategy.is_rank_0():
-                folder = os.path.join(output_dir, name)
-                os.makedirs(folder, exist_ok=True)
-                peft.peft_config[name].save_pretrained(folder)
-                save_file({k: v.contiguous() for k, v in tensors.items()},
-                          os.path.join(folder, "adapter_model.safetensors"), metadata={"format": "pt"})
+                write_peft_adapter(os.path.join(output_dir, name), tensors, peft.peft_config[name].to_dict())
         if self.strategy.is_rank_0():
             self.tokenizer.save_pretrained(output_dir)
         if torch.distributed.is_initialized():
