@@ -79,6 +79,17 @@ def test_answers_to_one_program_cannot_see_each_other(sb):
     assert results[8].value == "'wrote'" and results[9].value == "[]"
 
 
+def test_answers_that_do_not_compile_are_errors_among_good_ones(sb):
+    """Answers to one program are compiled before their process forks; one that is not Python (anywhere in
+    the group, the last included) is an error, and the answers around it still run, each on its own."""
+    code = "COUNT = [0]\n\ndef f(x):\n    COUNT[0] += 1\n    return (x, COUNT[0])\n"
+    exprs = ["f(1)", "f(", "f(2)", "f(3) +", "(lambda: yield)()", "f(4)", "f(5"]
+    results = sb.run([(code, e) for e in exprs])
+    assert [r.status for r in results] == ["ok", "error", "ok", "error", "error", "ok", "error"]
+    assert [r.value for r in results if r.ok] == ["(1, 1)", "(2, 1)", "(4, 1)"]
+    assert all(r.error.startswith("SyntaxError: ") for r in results if not r.ok)
+
+
 def test_code_state_is_shared_by_its_answers_but_not_across_programs(sb):
     results = sb.run([("import os\nos.environ['MARK'] = '1'\n", "os.environ.get('MARK')"),
                       ("import os\n", "os.environ.get('MARK')")])

@@ -31,6 +31,14 @@ Layers (``Sandbox.isolation`` says which outer layer is in use):
 - "rlimits" (fallback, logged once): no bubblewrap. As root the server still unshares a network namespace
   and a mount namespace with private tmpfs ``/tmp``, ``/var/tmp``, ``/dev/shm``, ``/run/lock``; not as
   root, jobs share our uid, filesystem and network (``Sandbox.network_isolated`` is then False).
+
+Speed (``benchmarks/sandbox.py`` measures it): a job costs about what a bare ``fork`` + ``exec`` of it costs,
+and most of that is copy-on-write page faults: every page a freshly forked interpreter writes (reference
+counts, allocator pools, the compiler's scratch memory) is copied. So the server does once what every job
+would otherwise repeat: it imports common modules, compiles and runs a warm-up program (CPython builds its
+compiler state on first use), resolves its dynamic symbols at load and freezes its heap; a grouped child
+compiles each answer before forking the grandchild that runs it, and an answer that does not compile needs
+no process at all.
 """
 
 from .result import STATUSES, ExecResult

@@ -169,6 +169,10 @@ def scrubbed_env(hash_seed: int) -> dict[str, str]:
         "PYTHONHASHSEED": str(hash_seed),
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONIOENCODING": "utf-8",
+        # Resolve every symbol when the server loads, not lazily: a libc call first made in a job (setuid,
+        # chdir, ...) would otherwise run the dynamic linker and dirty a page of the GOT in every job.
+        # The server drops it from the environment its jobs inherit.
+        "LD_BIND_NOW": "1",
     }
 
 
