@@ -1,21 +1,27 @@
 """Sandbox throughput, measured side by side (not a timed test).
 
 Runs the same batch of ordinary AZR-like programs (a small function and a call, as in a validity check)
-through three executors in one run and prints jobs/s, ratios and p50/p95 latency:
+through these executors in one run and prints jobs/s, ratios and p50/p95 latency:
 
   (a) fresh      a fresh ``python -c`` subprocess per job (no isolation beyond the process);
-  (b) reused     AZR-style: long-lived worker interpreters that ``exec`` job after job, no isolation at all
-                 (the speed reference, not a design to copy), with 1 worker (AZR's default) and with N;
-  (c) sandbox    ``openrlhf_populora.sandbox.Sandbox`` with full isolation (bwrap when usable here);
-  (f) bare fork  for reference: a warm worker that forks per job with no isolation at all, the cost floor
-                 of any fresh-process-per-job design in CPython.
+  (b) azr        AZR's executor set-up: a persistent ``pebble.ProcessPool(max_workers=1)`` whose worker
+                 ``exec``s job after job with a per-job timeout, checking that the value pickles (needs the
+                 ``bench`` extra: ``pip install -e .[bench]``), with 1 worker as AZR runs it and with N;
+  (l) loop       the leanest reused interpreter: long-lived workers that ``exec`` jobs read from a pipe, no
+                 timeout, no isolation (an upper bound for any reused-interpreter executor), 1 and N workers;
+  (f) fork floor a warm worker (same warm modules and compiler warm-up as the sandbox server) that forks
+                 per job with no isolation at all: the cost floor of any fresh-process-per-job design;
+  (c) sandbox    ``openrlhf_populora.sandbox.Sandbox`` with full isolation (bwrap when usable here).
+
+(b) and (l) are speed references, not designs to copy: a reused interpreter lets one job tamper with the next.
 
 Two batches: "unique" (every job its own program) and "answers" (a few programs, many expressions each,
 as when verifying the students' answers to one task: the sandbox execs each program once).
 
-    python benchmarks/sandbox.py [--programs 200] [--workers 2] [--fresh-jobs 60]
+    python benchmarks/sandbox.py [--programs 200] [--workers 2] [--fresh-jobs 60] [--rounds 3]
 
-Numbers on a shared 2-core machine are noisy: compare the ratios printed by one run, not runs. Besides
+Numbers on a shared 2-core machine are noisy: compare the ratios printed by one run, not runs. Each
+executor is timed ``--rounds`` times, interleaved with the others, and its best round is reported. Besides
 wall-clock jobs/s the script prints CPU seconds per job (this process + every worker process and the jobs
 they reaped), which depends far less on what else runs on the machine: jobs/s on an idle machine with C
 cores is about C / (CPU per job) for the parallel executors.
@@ -26,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import struct
 import subprocess
 import sys
@@ -33,6 +40,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from openrlhf_populora.sandbox import Sandbox  # noqa: E402
+from openrlhf_populora.sandbox.server import _WARM_MODULES, _WARM_PROGRAM  # noqa: E402
 
 TEMPLATES = [
     "def f(xs):\n    total = 0\n    for i, x in enumerate(xs):\n        total += (i + {k}) * x\n    return total\n",
@@ -59,22 +67,70 @@ def answer_batch(n_programs: int, answers: int) -> list[tuple[str, str]]:
     return [(code, expr) for code, expr in programs(n_programs) for _ in range(answers)]
 
 
-# ---------------------------------------------------------------- (a) a fresh python -c per job
+# ---------------------------------------------------------------- executors: run(jobs) -> values, pids, close()
 
-def run_fresh(jobs: list[tuple[str, str]]) -> tuple[list[str], list[float]]:
-    values, lat = [], []
-    for code, expr in jobs:
-        t = time.perf_counter()
-        src = code + f"\nimport sys\nsys.stdout.write(repr({expr}))\n"
-        proc = subprocess.run([sys.executable, "-c", src], capture_output=True, timeout=30, check=False)
-        lat.append(time.perf_counter() - t)
-        values.append(proc.stdout.decode())
-    return values, lat
+class Fresh:
+    """(a) a fresh ``python -c`` per job."""
+
+    key, name = "a", "(a) fresh python -c"
+    pids: list[int] = []
+
+    def run(self, jobs: list[tuple[str, str]]) -> list[str]:
+        values = []
+        for code, expr in jobs:
+            src = code + f"\nimport sys\nsys.stdout.write(repr({expr}))\n"
+            proc = subprocess.run([sys.executable, "-c", src], capture_output=True, timeout=30, check=False)
+            values.append(proc.stdout.decode())
+        return values
+
+    def close(self) -> None:
+        pass
 
 
-# ---------------------------------------------------------------- (b) AZR-style reused interpreters
+def _children() -> set[int]:
+    """Pids of this process's live children (any thread's)."""
+    pids = set()
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/children") as f:
+            pids.update(int(p) for p in f.read().split())
+    return pids
 
-_REUSED_WORKER = r"""
+
+def _azr_style_job(job: tuple[str, str]) -> str:
+    """What an AZR executor worker does per job: exec the program, eval the expression, make sure the value
+    pickles (it must travel back), return its repr."""
+    code, expr = job
+    ns = {"__name__": "__main__"}
+    try:
+        exec(code, ns)
+        value = eval(expr, ns)
+        pickle.dumps(value)
+        return repr(value)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+class AzrPool:
+    """(b) AZR's set-up: a persistent pebble ProcessPool, one ``map`` per batch with a per-job timeout."""
+
+    def __init__(self, workers: int):
+        from pebble import ProcessPool
+
+        self.key, self.name = f"b{workers}", f"(b{workers}) azr pebble, {workers} worker(s)"
+        before = _children()
+        self.pool = ProcessPool(max_workers=workers)
+        list(self.pool.map(_azr_style_job, [("", "1")] * 4 * workers).result())  # start the workers
+        self.pids = sorted(_children() - before)  # for their CPU time
+
+    def run(self, jobs: list[tuple[str, str]]) -> list[str]:
+        return list(self.pool.map(_azr_style_job, jobs, timeout=10).result())
+
+    def close(self) -> None:
+        self.pool.close()
+        self.pool.join()
+
+
+_LOOP_WORKER = r"""
 import json, struct, sys
 H = struct.Struct(">I")
 inp, out = sys.stdin.buffer, sys.stdout.buffer
@@ -86,66 +142,33 @@ while True:
     try:
         ns = {"__name__": "__main__"}
         exec(code, ns)
-        res = ["ok", repr(eval(expr, ns))]
+        res = repr(eval(expr, ns))
     except BaseException as e:
-        res = ["error", f"{type(e).__name__}: {e}"]
-    body = json.dumps(res).encode()
+        res = f"{type(e).__name__}: {e}"
+    body = res.encode()
     out.write(H.pack(len(body)) + body)
     out.flush()
 """
 
+# The same warm-up the sandbox server does (its warm modules, its compiler warm-up), so that (f) differs from
+# (c) only by isolation.
+_WARM = ("import gc\n" + "".join(f"import {m}\n" for m in _WARM_MODULES)
+         + f"exec(compile({_WARM_PROGRAM!r}, '<warm>', 'exec'), {{}})\ngc.collect()\ngc.freeze()\n")
 
-class ReusedPool:
-    """Long-lived worker interpreters that exec one job after another (no isolation)."""
-
-    def __init__(self, workers: int):
-        self.procs = [subprocess.Popen([sys.executable, "-c", _REUSED_WORKER], stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE) for _ in range(workers)]
-        self.h = struct.Struct(">I")
-
-    def run(self, jobs: list[tuple[str, str]]) -> tuple[list[str], list[float]]:
-        """Round-robin over the workers, one job in flight per worker (pebble-like)."""
-        values: list[str | None] = [None] * len(jobs)
-        lat = [0.0] * len(jobs)
-        k = len(self.procs)
-        for start in range(0, len(jobs), k):
-            t = time.perf_counter()
-            batch = list(enumerate(jobs[start:start + k], start))
-            for (_, (code, expr)), proc in zip(batch, self.procs, strict=False):
-                body = json.dumps([code, expr]).encode()
-                proc.stdin.write(self.h.pack(len(body)) + body)
-                proc.stdin.flush()
-            for (i, _), proc in zip(batch, self.procs, strict=False):
-                n = self.h.unpack(proc.stdout.read(4))[0]
-                values[i] = self.decode(proc.stdout.read(n))
-                lat[i] = time.perf_counter() - t
-        return values, lat
-
-    def decode(self, body: bytes) -> str:
-        return json.loads(body)[1]
-
-    def close(self) -> None:
-        for p in self.procs:
-            p.stdin.close()
-            p.wait()
-
-
-# ---------------------------------------------------------------- (f) the floor of any fork-per-job design
-
-_FORK_FLOOR = r"""
-import json, os, struct, sys
+_FORK_FLOOR = _WARM + r"""
+import os, struct, sys
 H = struct.Struct(">I")
 inp, out = sys.stdin.buffer, sys.stdout.buffer
 while True:
     head = inp.read(4)
     if len(head) < 4:
         break
-    code, expr = json.loads(inp.read(H.unpack(head)[0]))
+    code, expr = __import__("json").loads(inp.read(H.unpack(head)[0]))
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         ns = {"__name__": "__main__"}
-        exec(code, ns)
+        exec(compile(code, "<job>", "exec"), ns)
         os.write(w, repr(eval(expr, ns)).encode())
         os._exit(0)
     os.close(w)
@@ -159,16 +182,52 @@ while True:
 """
 
 
-class ForkFloor(ReusedPool):
-    """A bare fork per job from a warm worker, no isolation at all: what fork + exit cost by themselves."""
+class PipeWorkers:
+    """Long-lived worker processes running ``script``, fed round-robin, one job in flight per worker."""
 
-    def __init__(self, workers: int):
-        self.procs = [subprocess.Popen([sys.executable, "-S", "-c", _FORK_FLOOR], stdin=subprocess.PIPE,
+    def __init__(self, key: str, name: str, script: str, workers: int):
+        self.key, self.name = key, f"({key}) {name}"
+        self.procs = [subprocess.Popen([sys.executable, "-S", "-c", script], stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE) for _ in range(workers)]
+        self.pids = [p.pid for p in self.procs]
         self.h = struct.Struct(">I")
 
-    def decode(self, body: bytes) -> str:
-        return body.decode()
+    def run(self, jobs: list[tuple[str, str]]) -> list[str]:
+        values: list[str] = []
+        k = len(self.procs)
+        for start in range(0, len(jobs), k):
+            batch = jobs[start:start + k]
+            for job, proc in zip(batch, self.procs, strict=False):
+                body = json.dumps(job).encode()
+                proc.stdin.write(self.h.pack(len(body)) + body)
+                proc.stdin.flush()
+            for _, proc in zip(batch, self.procs, strict=False):
+                n = self.h.unpack(proc.stdout.read(4))[0]
+                values.append(proc.stdout.read(n).decode())
+        return values
+
+    def close(self) -> None:
+        for p in self.procs:
+            p.stdin.close()
+            p.wait()
+
+
+class SandboxExecutor:
+    """(c) the sandbox."""
+
+    def __init__(self, workers: int):
+        self.sb = Sandbox(workers=workers, timeout_s=5.0, memory_mb=512)
+        self.key, self.name = "c", f"(c) sandbox [{self.sb.isolation}], {workers} workers"
+        self.pids = [w.proc.pid for w in self.sb._pool]
+
+    def run(self, jobs: list[tuple[str, str]]) -> list[str]:
+        results = self.sb.run(jobs)
+        bad = [r for r in results if r.status != "ok"]
+        assert not bad, f"sandbox failures: {bad[:3]}"
+        return [r.value for r in results]
+
+    def close(self) -> None:
+        self.sb.close()
 
 
 # ---------------------------------------------------------------- measurement
@@ -188,15 +247,10 @@ def tree_cpu(pid: int) -> float:
         return 0.0
 
 
-class CpuMeter:
+def cpu_now(pids: list[int]) -> float:
     """CPU seconds spent by this process, its reaped children and the given live process trees."""
-
-    def __init__(self, pids: list[int]):
-        self.pids = pids
-
-    def now(self) -> float:
-        t = os.times()
-        return t.user + t.system + t.children_user + t.children_system + sum(tree_cpu(p) for p in self.pids)
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system + sum(tree_cpu(p) for p in pids)
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -204,57 +258,68 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, max(0, round(q * len(xs)) - 1))]
 
 
-def report(name: str, n: int, seconds: float, lat: list[float], cpu: float) -> tuple[float, float]:
-    rate, cpu_ms = n / seconds, cpu / n * 1e3
-    print(f"  {name:<30s} {rate:8.1f} jobs/s   p50 {pct(lat, .5) * 1e3:7.2f} ms   p95 {pct(lat, .95) * 1e3:7.2f} ms"
-          f"   cpu {cpu_ms:6.2f} ms/job")
-    return rate, cpu_ms
+def timed(ex, jobs: list) -> tuple[list[str], float, float]:
+    """(values, wall seconds, CPU seconds) of one batch."""
+    c0, t = cpu_now(ex.pids), time.perf_counter()
+    values = ex.run(jobs)
+    return values, time.perf_counter() - t, cpu_now(ex.pids) - c0
 
 
-def measure(label: str, jobs: list, fresh_jobs: int, workers: int) -> None:
+def latencies(ex, jobs: list) -> list[float]:
+    """Round trip of single jobs, one at a time: what a caller waits for one job on an idle executor."""
+    out = []
+    for job in jobs:
+        t = time.perf_counter()
+        ex.run([job])
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def measure(label: str, jobs: list, args: argparse.Namespace) -> None:
     print(f"\n{label}: {len(jobs)} jobs ({len({c for c, _ in jobs})} distinct programs)")
-    rates, cpus = {}, {}
-    sub = jobs[:fresh_jobs]
-    meter = CpuMeter([])
-    c0, t = meter.now(), time.perf_counter()
-    fresh_vals, lat = run_fresh(sub)
-    rates["a"], cpus["a"] = report(f"(a) fresh python -c [{len(sub)}]", len(sub), time.perf_counter() - t, lat,
-                                   meter.now() - c0)
-    for w in sorted({1, workers}):
-        pool = ReusedPool(w)
-        pool.run(jobs[:8])  # warm
-        meter = CpuMeter([p.pid for p in pool.procs])
-        c0, t = meter.now(), time.perf_counter()
-        reused_vals, lat = pool.run(jobs)
-        rates[f"b{w}"], cpus[f"b{w}"] = report(f"(b) reused, {w} worker(s)", len(jobs), time.perf_counter() - t,
-                                               lat, meter.now() - c0)
-        pool.close()
-    floor = ForkFloor(workers)
-    floor.run(jobs[:8])
-    meter = CpuMeter([p.pid for p in floor.procs])
-    c0, t = meter.now(), time.perf_counter()
-    floor_vals, lat = floor.run(jobs)
-    rates["f"], cpus["f"] = report(f"(f) bare fork, {workers} workers", len(jobs), time.perf_counter() - t, lat,
-                                   meter.now() - c0)
-    floor.close()
-    assert floor_vals == reused_vals, "bare fork and reused executor disagree"
-    with Sandbox(workers=workers, timeout_s=5.0, memory_mb=512) as sb:
-        sb.run(jobs[:8])  # warm
-        meter = CpuMeter([w.proc.pid for w in sb._pool])
-        c0, t = meter.now(), time.perf_counter()
-        results = sb.run(jobs)
-        rates["c"], cpus["c"] = report(f"(c) sandbox [{sb.isolation}], {workers} workers", len(jobs),
-                                       time.perf_counter() - t, [r.wall_s for r in results], meter.now() - c0)
-    bad = [r for r in results if r.status != "ok"]
-    assert not bad, f"sandbox failures: {bad[:3]}"
-    assert [r.value for r in results] == reused_vals, "sandbox and reused executor disagree"
-    assert fresh_vals == reused_vals[:len(fresh_vals)], "fresh and reused executor disagree"
-    bs = [k for k in rates if k.startswith("b")]
-    print("  jobs/s ratios: (c)/(a) = %.1fx   " % (rates["c"] / rates["a"])
-          + "   ".join(f"({k})/(c) = {rates[k] / rates['c']:.2f}x" for k in bs))
-    print("  cpu/job ratios: (a)/(c) = %.1fx   " % (cpus["a"] / cpus["c"])
-          + "   ".join(f"(c)/({k}) = {cpus['c'] / cpus[k]:.2f}x" for k in bs)
-          + f"   (c)/(f) = {cpus['c'] / cpus['f']:.2f}x")
+    executors = []
+    try:
+        executors.append(AzrPool(1))
+        if args.workers != 1:
+            executors.append(AzrPool(args.workers))
+    except ImportError:
+        print("  (b) skipped: pebble is not installed (pip install -e .[bench])")
+    for w in sorted({1, args.workers}):
+        executors.append(PipeWorkers(f"l{w}", f"lean loop, {w} worker(s)", _LOOP_WORKER, w))
+    executors.append(PipeWorkers("f", f"fork floor, {args.workers} workers", _FORK_FLOOR, args.workers))
+    executors.append(SandboxExecutor(args.workers))
+    try:
+        reference = executors[-2].run(jobs)
+        for ex in executors:
+            assert ex.run(jobs[:8]) == reference[:8], f"{ex.name} disagrees"  # and warms it up
+        best: dict[str, tuple[float, float]] = {}
+        for _ in range(args.rounds):  # interleaved, so that a slow spell of the machine hits every executor
+            for ex in executors:
+                values, wall, cpu = timed(ex, jobs)
+                assert values == reference, f"{ex.name} disagrees"
+                if ex.name not in best or wall < best[ex.name][0]:
+                    best[ex.name] = (wall, cpu)
+        fresh = Fresh()
+        sub = jobs[:args.fresh_jobs]
+        values, wall, cpu = timed(fresh, sub)
+        assert values == reference[:len(sub)], "fresh python -c disagrees"
+        rows = [(fresh.key, f"{fresh.name} [{len(sub)}]", len(sub) / wall, cpu / len(sub),
+                 latencies(fresh, sub[:10]))]
+        rows += [(ex.key, ex.name, len(jobs) / best[ex.name][0], best[ex.name][1] / len(jobs),
+                  latencies(ex, jobs[:args.latency_jobs])) for ex in executors]
+    finally:
+        for ex in executors:
+            ex.close()
+    for _, name, rate, cpu_per_job, lat in rows:
+        print(f"  {name:<34s} {rate:8.1f} jobs/s   p50 {pct(lat, .5) * 1e3:7.2f} ms   p95 {pct(lat, .95) * 1e3:7.2f} ms"
+              f"   cpu {cpu_per_job * 1e3:6.2f} ms/job")
+    rate = {key: r for key, _, r, _, _ in rows}
+    cpu = {key: c for key, _, _, c, _ in rows}
+    refs = [k for k in rate if k[0] in "bl"]
+    print(f"  jobs/s:  (c)/(a) = {rate['c'] / rate['a']:.1f}x   "
+          + "   ".join(f"({k})/(c) = {rate[k] / rate['c']:.2f}x" for k in refs))
+    print(f"  cpu/job: (c)/(f) = {cpu['c'] / cpu['f']:.2f}x   "
+          + "   ".join(f"(c)/({k}) = {cpu['c'] / cpu[k]:.2f}x" for k in refs))
 
 
 def main() -> None:
@@ -263,11 +328,12 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--fresh-jobs", type=int, default=60, help="(a) is slow: time it on this many jobs")
     ap.add_argument("--answers", type=int, default=8, help="expressions per program in the answers batch")
+    ap.add_argument("--rounds", type=int, default=3, help="timed rounds per executor, interleaved; best kept")
+    ap.add_argument("--latency-jobs", type=int, default=50, help="jobs timed one at a time for p50/p95")
     args = ap.parse_args()
     print(f"cpus: {os.cpu_count()}  load average: {os.getloadavg()}  python {sys.version.split()[0]}")
-    measure("unique programs", programs(args.programs), args.fresh_jobs, args.workers)
-    measure("answers", answer_batch(max(1, args.programs // args.answers), args.answers), args.fresh_jobs,
-            args.workers)
+    measure("unique programs", programs(args.programs), args)
+    measure("answers", answer_batch(max(1, args.programs // args.answers), args.answers), args)
 
 
 if __name__ == "__main__":

