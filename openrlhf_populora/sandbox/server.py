@@ -34,7 +34,6 @@ import json
 import os
 import resource
 import select
-import shutil
 import signal
 import struct
 import sys
@@ -396,9 +395,18 @@ def _kill_children(children_file: str, wait: bool) -> None:
         pass
 
 
+def _rmtree(path: str) -> None:
+    """shutil.rmtree, imported on first use: shutil loads bz2, lzma and zlib with their C libraries, and every
+    mapping of the server is copied by each fork and torn down by each exit, for jobs that rarely leave a
+    folder behind."""
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def _remove(path: str) -> None:
     if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path, ignore_errors=True)
+        _rmtree(path)
     else:
         try:
             os.unlink(path)
@@ -524,7 +532,7 @@ class Server:
         try:
             os.rmdir(workdir)
         except OSError:
-            shutil.rmtree(workdir, ignore_errors=True)
+            _rmtree(workdir)
         for d in self.sweep_dirs:
             mtime = os.stat(d).st_mtime_ns
             if mtime != self.sweep_mtimes[d]:
@@ -545,7 +553,7 @@ class Server:
 
     def shutdown(self) -> None:
         _kill_children(self.children_file, wait=True)
-        shutil.rmtree(self.base, ignore_errors=True)
+        _rmtree(self.base)
 
 
 def _load_libc():
