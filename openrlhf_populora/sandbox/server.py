@@ -396,9 +396,9 @@ def _kill_children(children_file: str, wait: bool) -> None:
 
 
 def _rmtree(path: str) -> None:
-    """shutil.rmtree, imported on first use: shutil loads bz2, lzma and zlib with their C libraries, and every
-    mapping of the server is copied by each fork and torn down by each exit, for jobs that rarely leave a
-    folder behind."""
+    """shutil.rmtree, imported on first use. shutil loads bz2, lzma and zlib with their C libraries, and each
+    mapping of the server is copied by every fork and torn down by every exit; it is only needed once a job
+    leaves files behind, which ordinary programs do not (from then on this server keeps it loaded)."""
     import shutil
 
     shutil.rmtree(path, ignore_errors=True)
