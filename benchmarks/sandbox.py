@@ -40,7 +40,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from openrlhf_populora.sandbox import Sandbox  # noqa: E402
-from openrlhf_populora.sandbox.server import _WARM_MODULES, _WARM_PROGRAM  # noqa: E402
+from openrlhf_populora.sandbox import server as sandbox_server  # noqa: E402
 
 TEMPLATES = [
     "def f(xs):\n    total = 0\n    for i, x in enumerate(xs):\n        total += (i + {k}) * x\n    return total\n",
@@ -130,7 +130,10 @@ class AzrPool:
         self.pool.join()
 
 
-_LOOP_WORKER = r"""
+def _worker_script(prologue: str, run_job: str) -> str:
+    """A long-lived worker: ``prologue``, then a loop answering length-prefixed JSON ``[code, expr]`` frames
+    on stdin with length-prefixed ``run_job(code, expr)`` strings on stdout."""
+    return prologue + run_job + r"""
 import json, struct, sys
 H = struct.Struct(">I")
 inp, out = sys.stdin.buffer, sys.stdout.buffer
@@ -138,32 +141,36 @@ while True:
     head = inp.read(4)
     if len(head) < 4:
         break
-    code, expr = json.loads(inp.read(H.unpack(head)[0]))
-    try:
-        ns = {"__name__": "__main__"}
-        exec(code, ns)
-        res = repr(eval(expr, ns))
-    except BaseException as e:
-        res = f"{type(e).__name__}: {e}"
-    body = res.encode()
+    body = run_job(*json.loads(inp.read(H.unpack(head)[0]))).encode()
     out.write(H.pack(len(body)) + body)
     out.flush()
 """
 
-# The same warm-up the sandbox server does (its warm modules, its compiler warm-up), so that (f) differs from
-# (c) only by isolation.
-_WARM = ("import gc\n" + "".join(f"import {m}\n" for m in _WARM_MODULES)
-         + f"exec(compile({_WARM_PROGRAM!r}, '<warm>', 'exec'), {{}})\ngc.collect()\ngc.freeze()\n")
 
-_FORK_FLOOR = _WARM + r"""
-import os, struct, sys
-H = struct.Struct(">I")
-inp, out = sys.stdin.buffer, sys.stdout.buffer
-while True:
-    head = inp.read(4)
-    if len(head) < 4:
-        break
-    code, expr = __import__("json").loads(inp.read(H.unpack(head)[0]))
+_LOOP_WORKER = _worker_script("", r"""
+def run_job(code, expr):
+    try:
+        ns = {"__name__": "__main__"}
+        exec(code, ns)
+        return repr(eval(expr, ns))
+    except BaseException as e:
+        return f"{type(e).__name__}: {e}"
+""")
+
+# The sandbox server's own warm-up (its modules, its compiler warm-up), so that (f) differs from (c) only by
+# isolation.
+_FORK_FLOOR = _worker_script(f"""
+import gc, runpy
+_server = runpy.run_path({sandbox_server.__file__!r}, run_name="fork_floor")
+_server["_import_warm_modules"]()
+_server["_warm_interpreter"]()
+gc.collect()
+gc.freeze()
+""", r"""
+import os
+
+
+def run_job(code, expr):
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -177,9 +184,8 @@ while True:
         body += chunk
     os.close(r)
     os.waitpid(pid, 0)
-    out.write(H.pack(len(body)) + body)
-    out.flush()
-"""
+    return body.decode()
+""")
 
 
 class PipeWorkers:
@@ -286,10 +292,10 @@ def measure(label: str, jobs: list, args: argparse.Namespace) -> None:
         print("  (b) skipped: pebble is not installed (pip install -e .[bench])")
     for w in sorted({1, args.workers}):
         executors.append(PipeWorkers(f"l{w}", f"lean loop, {w} worker(s)", _LOOP_WORKER, w))
-    executors.append(PipeWorkers("f", f"fork floor, {args.workers} workers", _FORK_FLOOR, args.workers))
-    executors.append(SandboxExecutor(args.workers))
+    floor = PipeWorkers("f", f"fork floor, {args.workers} workers", _FORK_FLOOR, args.workers)
+    executors += [floor, SandboxExecutor(args.workers)]
     try:
-        reference = executors[-2].run(jobs)
+        reference = floor.run(jobs)
         for ex in executors:
             assert ex.run(jobs[:8]) == reference[:8], f"{ex.name} disagrees"  # and warms it up
         best: dict[str, tuple[float, float]] = {}
@@ -316,10 +322,15 @@ def measure(label: str, jobs: list, args: argparse.Namespace) -> None:
     rate = {key: r for key, _, r, _, _ in rows}
     cpu = {key: c for key, _, _, c, _ in rows}
     refs = [k for k in rate if k[0] in "bl"]
-    print(f"  jobs/s:  (c)/(a) = {rate['c'] / rate['a']:.1f}x   "
-          + "   ".join(f"({k})/(c) = {rate[k] / rate['c']:.2f}x" for k in refs))
-    print(f"  cpu/job: (c)/(f) = {cpu['c'] / cpu['f']:.2f}x   "
-          + "   ".join(f"(c)/({k}) = {cpu['c'] / cpu[k]:.2f}x" for k in refs))
+    print(f"  jobs/s:  (c)/(a) = {ratio(rate['c'], rate['a'])}   "
+          + "   ".join(f"({k})/(c) = {ratio(rate[k], rate['c'])}" for k in refs))
+    print(f"  cpu/job: (c)/(f) = {ratio(cpu['c'], cpu['f'])}   "
+          + "   ".join(f"(c)/({k}) = {ratio(cpu['c'], cpu[k])}" for k in refs))
+
+
+def ratio(a: float, b: float) -> str:
+    """``a / b`` for printing; "n/a" when ``b`` is 0 (CPU time below the clock tick in a short batch)."""
+    return f"{a / b:.2f}x" if b else "n/a"
 
 
 def main() -> None:

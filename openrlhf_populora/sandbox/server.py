@@ -626,6 +626,14 @@ def _network_isolated() -> bool:
     return all(name == "lo" for name in visible)
 
 
+def _import_warm_modules() -> None:
+    for name in _WARM_MODULES:
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+
+
 def _warm_interpreter() -> None:
     """Compile and run _WARM_PROGRAM (ours, trusted) so jobs start with a warm compiler and warm caches."""
     ns = {"__name__": "__warm__", "__builtins__": builtins}
@@ -653,11 +661,7 @@ def main() -> None:
                 cfg["sweep_dirs"] = []  # nothing a job writes there is visible outside this worker
             elif cfg["reveal"]:
                 cfg["uid"] = None  # jobs could not import the standard library under their own uid
-    for name in _WARM_MODULES:
-        try:
-            __import__(name)
-        except ImportError:
-            pass
+    _import_warm_modules()
     if cfg["uid"] is not None and not _can_drop_to(cfg["uid"]):
         cfg["uid"] = None  # e.g. root without CAP_SETUID in a nested container: jobs keep our uid
     base = os.path.join(cfg["tmp_root"], f"populora-sandbox-{os.getpid()}-{os.urandom(6).hex()}")
