@@ -20,11 +20,10 @@ import logging
 import math
 import os
 import sys
-from pathlib import Path
 
 import yaml
 
-from openrlhf_populora.config import Config, parse_config
+from openrlhf_populora.config import Config, load_yaml, parse_config
 
 log = logging.getLogger("openrlhf_populora.train")
 
@@ -76,13 +75,11 @@ def _selects_ray(argv: list[str]) -> bool:
     known, _ = probe.parse_known_args(argv)
     if known.engine is not None:
         return known.engine == "ray"
-    if known.config and Path(known.config).is_file():
+    if known.config:
         try:
-            data = yaml.safe_load(Path(known.config).read_text())
-        except yaml.YAMLError:
+            return load_yaml(known.config).get("populora.engine") == "ray"
+        except (ValueError, yaml.YAMLError):
             return False  # the local parser reports it
-        section = data.get("populora") if isinstance(data, dict) else None
-        return isinstance(section, dict) and section.get("engine") == "ray"
     return False
 
 
