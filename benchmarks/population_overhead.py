@@ -98,15 +98,20 @@ def bench_generation(args, engine: LocalEngine) -> dict:
 
 def bench_training(args, engine: LocalEngine) -> dict:
     names = engine.adapter_names()
-    prompt_ids = engine.encode(engine.render_prompt(TASK))
+    # a distinct prompt per sequence (as proposals have): the engine shares the forward of a prompt repeated on
+    # one adapter, which would flatter the one-adapter side
+    prompts = [engine.encode(engine.render_prompt(f"{TASK}(variant {i})")) for i in range(args.train_batch)]
+    prompt_ids = prompts[0]
     response = engine.encode("def f(x):\n    return sum(int(d) for d in str(x))\n" * 8)[: args.response_tokens]
     batch = args.train_batch
 
     def trajs(adapters):
-        return [Trajectory(adapters[i % len(adapters)], prompt_ids, response, (-1.0) ** i) for i in range(batch)]
+        return [Trajectory(adapters[i % len(adapters)], prompts[i], response, (-1.0) ** i) for i in range(batch)]
 
-    t_one, _ = best_time(lambda: engine.train_step(trajs(names[:1])), args.repeats)
-    t_all, _ = best_time(lambda: engine.train_step(trajs(names)), args.repeats)
+    t_one = t_all = float("inf")
+    for _ in range(args.repeats):  # interleaved, so that drift on a shared machine hits both sides alike
+        t_one = min(t_one, best_time(lambda: engine.train_step(trajs(names[:1])), 1)[0])
+        t_all = min(t_all, best_time(lambda: engine.train_step(trajs(names)), 1)[0])
     seq = len(prompt_ids) + len(response)
     return {"batch": batch, "seq_len": seq, "one_adapter_s": t_one, "n_adapters_s": t_all,
             "ratio": t_all / t_one}

@@ -77,9 +77,8 @@ def test_adapter_isolation():
     assert not same_snapshot(snapshot(engine, "t0"), before["t0"])
 
 
-@pytest.mark.parametrize("mixed_lora", ["stacked", "peft"])
-def test_mixed_batch_generation_equals_per_adapter_generation(mixed_lora):
-    engine = make_engine(mixed_lora=mixed_lora)
+def test_mixed_batch_generation_equals_per_adapter_generation():
+    engine = make_engine()
     names = ["t0", "t1", "s0", BASE_ADAPTER]
     reqs = [GenerationRequest(names[i % 4], p, n=2) for i, p in enumerate(prompts(engine, 8))]
     mixed = engine.generate(reqs, GREEDY)
@@ -93,16 +92,26 @@ def test_mixed_batch_generation_equals_per_adapter_generation(mixed_lora):
     assert len({tuple(o[0].response_ids) for o in outs}) == 4
 
 
-def test_stacked_lora_generation_matches_peft_mixed_batches():
-    names = ["t0", "t1", "s0", BASE_ADAPTER]
-    outs = []
-    for mode in ("stacked", "peft"):
-        engine = make_engine(mixed_lora=mode)
-        reqs = [GenerationRequest(names[i % 4], p, n=1) for i, p in enumerate(prompts(engine, 8))]
-        outs.append([g[0].response_ids for g in engine.generate(reqs, GREEDY)])
-        sampled = SamplingParams(temperature=0.8, top_p=0.95, max_new_tokens=12, seed=5)
-        outs.append([g[0].response_ids for g in engine.generate(reqs, sampled)])
-    assert outs[0] == outs[2] and outs[1] == outs[3]
+def test_mixed_lora_forward_equals_peft_own_forward_per_adapter():
+    """Each row of a mixed batch gets exactly the logits peft computes with that adapter active (or disabled)."""
+    from openrlhf_populora.engines.local.lora import MixedLoRA
+
+    engine = make_engine()
+    names = ["t0", BASE_ADAPTER, "s0", "t1"]
+    ids = torch.tensor([engine.encode(p)[:9] for p in prompts(engine, 4)])
+    with torch.no_grad(), MixedLoRA(engine.peft, engine.adapter_names()) as mixer:
+        mixer.set_rows(names)
+        mixed = engine.peft(input_ids=ids).logits
+    for row, name in enumerate(names):
+        with torch.no_grad():
+            if name == BASE_ADAPTER:
+                with engine.peft.disable_adapter():
+                    own = engine.peft(input_ids=ids[row : row + 1]).logits
+            else:
+                engine.peft.set_adapter(name)
+                own = engine.peft(input_ids=ids[row : row + 1]).logits
+        torch.testing.assert_close(mixed[row : row + 1], own, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(mixed[0], mixed[1], atol=1e-3)  # the adapters change the logits
 
 
 def test_seeded_sampling_is_reproducible_and_independent_of_batching():
@@ -287,7 +296,7 @@ def _import_openrlhf_policy_loss(monkeypatch):
 
 @pytest.mark.slow
 def test_openrlhf_policy_loss_gives_the_same_loss_and_step(monkeypatch):
-    import openrlhf_populora.engines.local as local
+    import openrlhf_populora.engines.local.training as local
 
     policy_loss_cls = _import_openrlhf_policy_loss(monkeypatch)
     gen = torch.Generator().manual_seed(0)
@@ -388,3 +397,159 @@ def test_train_steps_follow_the_schedule_and_resume_on_it(tmp_path):
     assert resumed.train_step(batch)["t0"]["lr"] == pytest.approx(third)
     with pytest.raises(ValueError, match="lr_scheduler"):
         LocalEngineConfig(lr_scheduler="exponential").validate()
+
+
+# ----------------------------------------------------------------------------------------- prefill sharing
+
+
+def _count_prefills(monkeypatch) -> list:
+    """Record every prompt the engine prefills (wrapping, not replacing, the real prefill)."""
+    import openrlhf_populora.engines.local.generation as generation
+
+    seen, real = [], generation.prefill
+
+    def counting(forward, prompt, adapter, device):
+        seen.append((adapter, tuple(prompt)))
+        return real(forward, prompt, adapter, device)
+
+    monkeypatch.setattr(generation, "prefill", counting)
+    return seen
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.0, max_new_tokens=14),
+                                    SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=14, seed=3)],
+                         ids=["greedy", "seeded"])
+def test_shared_prefill_gives_the_tokens_of_prefilling_every_row_alone(params, monkeypatch):
+    shared, alone = make_engine(), make_engine(share_prefill=False)
+    names = ["t0", "t1", BASE_ADAPTER, "s0", "t0"]
+    reqs = [GenerationRequest(names[i], p, n=3) for i, p in enumerate(prompts(shared, 5))]
+    reqs.append(GenerationRequest("t1", reqs[0].prompt, n=2))  # same prompt, another adapter: not shared
+    seen = _count_prefills(monkeypatch)
+    out_shared = shared.generate(reqs, params)
+    assert len(seen) == len(reqs)  # one prefill per distinct (adapter, prompt)
+    seen.clear()
+    out_alone = alone.generate(reqs, params)
+    assert len(seen) == sum(r.n for r in reqs)
+    assert [[c.response_ids for c in g] for g in out_shared] == [[c.response_ids for c in g] for g in out_alone]
+    if params.temperature > 0:  # the samples sharing a prefill still draw their own tokens
+        assert all(len({tuple(c.response_ids) for c in g}) > 1 for g in out_shared)
+
+
+def test_generation_matches_plain_transformers_decoding_row_by_row():
+    """Greedy tokens of a mixed, padded batch equal peft + transformers' own generate() on each row alone."""
+    engine = make_engine()
+    names = ["t0", BASE_ADAPTER, "s0", "t1", "t0"]
+    reqs = [GenerationRequest(names[i], p) for i, p in enumerate(prompts(engine, 5))]
+    params = SamplingParams(temperature=0.0, max_new_tokens=16)
+    out = engine.generate(reqs, params)
+    eos = engine.tokenizer.eos_token_id
+    for req, group in zip(reqs, out, strict=True):
+        ids = torch.tensor([engine.encode(req.prompt)])
+        with torch.no_grad():
+            if req.adapter == BASE_ADAPTER:
+                with engine.peft.disable_adapter():
+                    ref = engine.peft.generate(input_ids=ids, max_new_tokens=16, do_sample=False)
+            else:
+                engine.peft.set_adapter(req.adapter)
+                ref = engine.peft.generate(input_ids=ids, max_new_tokens=16, do_sample=False)
+        expected = ref[0, ids.shape[1]:].tolist()
+        if eos in expected:
+            expected = expected[: expected.index(eos) + 1]
+        assert group[0].response_ids == expected
+    assert len({tuple(g[0].response_ids) for g in out}) > 1
+
+
+def test_decode_attention_equals_sdpa_with_padding_and_grouped_heads():
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from openrlhf_populora.engines.local.attention import decode_attention
+
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(3, 6, 1, 16, generator=gen)
+    k, v = torch.randn(3, 2, 10, 16, generator=gen), torch.randn(3, 2, 10, 16, generator=gen)
+    mask = torch.ones(3, 1, 1, 10, dtype=torch.bool)
+    mask[0, ..., :4] = False  # left padding of different widths
+    mask[2, ..., :1] = False
+    module = types.SimpleNamespace(num_key_value_groups=3, is_causal=True, training=False)
+    for m in (mask, None):
+        ours, _ = decode_attention(module, q, k, v, m, scaling=0.25)
+        theirs, _ = sdpa_attention_forward(module, q, k, v, m, scaling=0.25)
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_engine_decodes_with_grouped_query_matmuls_and_the_same_tokens():
+    model, tokenizer = build_tiny_model(seed=0)
+    model.set_attn_implementation("sdpa")  # the tiny model is built eager
+    fast = LocalEngine(LocalEngineConfig(policy_loss="native"), model, tokenizer)
+    assert fast.decode_attention and fast.base.config._attn_implementation == "populora_sdpa"
+    eager = make_engine(adapters=())
+    assert not eager.decode_attention
+    reqs = [GenerationRequest(BASE_ADAPTER, p, n=2) for p in prompts(eager, 4)]
+    params = SamplingParams(temperature=0.0, max_new_tokens=16)
+    assert [[c.response_ids for c in g] for g in fast.generate(reqs, params)] == \
+        [[c.response_ids for c in g] for g in eager.generate(reqs, params)]
+
+
+def test_top_p_draws_only_from_the_nucleus_in_its_proportions(monkeypatch):
+    import openrlhf_populora.engines.local.sampling as sampling
+
+    gen = torch.Generator().manual_seed(0)
+    peaked = torch.randn(2000, generator=gen) * 3  # the nucleus lies inside the top 1024
+    flat = torch.randn(2000, generator=gen) * 0.01  # it does not: the full sort is used
+    for logits in (peaked, flat):
+        probs = torch.softmax(logits, -1)
+        sorted_probs, order = probs.sort(descending=True)
+        nucleus = order[(sorted_probs.cumsum(-1) - sorted_probs) < 0.5]
+        draws = torch.cat([sampling.sample_next_tokens(logits[None], 1.0, 0.5, [torch.Generator().manual_seed(s)])
+                           for s in range(3000)])
+        assert set(draws.tolist()) <= set(nucleus.tolist())
+        if len(nucleus) <= 8:  # few tokens: their frequencies must follow the renormalised probabilities
+            expected = probs[nucleus] / probs[nucleus].sum()
+            observed = torch.stack([(draws == t).float().mean() for t in nucleus])
+            torch.testing.assert_close(observed, expected, atol=0.03, rtol=0)
+    monkeypatch.setattr(sampling, "TOP_K", 3)  # a tiny top-k: the peaked rows now take the fallback too
+    again = torch.cat([sampling.sample_next_tokens(peaked[None], 1.0, 0.5, [torch.Generator().manual_seed(s)])
+                       for s in range(300)])
+    assert set(again.tolist()) <= set(nucleus_of(peaked, 0.5))
+
+
+def nucleus_of(logits, top_p):
+    probs = torch.softmax(logits, -1)
+    sorted_probs, order = probs.sort(descending=True)
+    return order[(sorted_probs.cumsum(-1) - sorted_probs) < top_p].tolist()
+
+
+# ----------------------------------------------------------------------------------------- batched training
+
+
+def test_training_all_adapters_together_gives_each_adapter_its_own_gradient():
+    """Mixed-adapter micro-batches with shared prompts give every adapter the gradient it gets trained alone,
+    one sequence at a time, with no prompt shared; adapters absent from the batch get none."""
+    together = make_engine(adapters=("t0", "t1", "s0", "s1"), micro_batch_size=4)
+    alone = make_engine(adapters=("t0", "t1", "s0", "s1"), micro_batch_size=1, share_prompts=False)
+    batch = trajectories(together, ["t0", "t1", "s0"], advantages=(1.0, -0.5, 0.25, 0.75))
+    assert len({(t.adapter, tuple(t.prompt_ids)) for t in batch}) < len(batch)  # prompts are shared
+    grads = together.gradients(batch)
+    assert list(grads) == ["t0", "t1", "s0"]
+    for name in ("t0", "t1", "s0"):
+        own = alone.gradients([t for t in batch if t.adapter == name])[name]
+        for key, value in own.items():
+            torch.testing.assert_close(grads[name][key], value, rtol=1e-4, atol=1e-6)
+        assert any(v.abs().max() > 1e-3 for v in own.values())
+    assert all(p.grad is None for p in together._adapters["s1"].values())
+    before = snapshot(together, "s1")
+    stats = together.train_step(batch)
+    assert set(stats) == {"t0", "t1", "s0"} and same_snapshot(before, snapshot(together, "s1"))
+
+
+def test_shared_prompt_training_gives_the_unshared_update():
+    results = []
+    for share in (True, False):
+        engine = make_engine(adapters=("t0", "s0"), share_prompts=share)
+        batch = trajectories(engine, ["t0", "s0"])
+        results.append((engine.train_step(batch), engine.response_log_probs(batch)))
+    (stats_a, logp_a), (stats_b, logp_b) = results
+    for name in stats_a:
+        for key in ("loss", "grad_norm", "entropy"):
+            assert stats_a[name][key] == pytest.approx(stats_b[name][key], rel=1e-5)
+    assert logp_a == pytest.approx(logp_b, rel=1e-5)
