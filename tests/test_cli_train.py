@@ -12,7 +12,7 @@ CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
 
 def test_all_presets_exist_and_parse():
     names = {p.stem for p in CONFIGS}
-    assert {"tiny-cpu", "1t1s", "4t4s", "8t8s", "baseline"} <= names
+    assert {"laptop", "laptop-smollm2", "1t1s", "4t4s", "8t8s", "baseline"} <= names
     for path in CONFIGS:
         config = parse_config(["--config", str(path)])
         assert config.populora.total_steps > 0
@@ -89,7 +89,7 @@ def test_existing_run_is_never_overwritten(tmp_path, capsys):
 def test_config_round_trips_through_its_dict():
     from openrlhf_populora.config import config_from_dict
 
-    config = parse_config(["--config", "configs/tiny-cpu.yaml"])
+    config = parse_config(["--config", "configs/laptop.yaml"])
     assert config_from_dict(config.to_dict()) == config
     assert Config() == config_from_dict(Config().to_dict())
 

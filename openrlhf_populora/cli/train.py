@@ -92,7 +92,15 @@ def main(argv: list[str] | None = None) -> int:
     config = parse_config(argv)  # exits with status 2 on a bad flag or value, before any model loads
     logging.basicConfig(level=os.environ.get("POPULORA_LOG", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from openrlhf_populora.models.embedded import resolve_model
+    from openrlhf_populora.models.shipped import ShippedModelError
     from openrlhf_populora.selfplay.runner import claim_run_dir, run
+
+    try:  # before the run directory is touched: a missing model loses nothing (a shipped one converts here, once)
+        resolve_model(config.actor.model_name_or_path)
+    except (ValueError, ShippedModelError) as err:
+        print(f"error: --actor.model_name_or_path: {err}", file=sys.stderr)
+        return 2
 
     lock = claim_run_dir(config)  # noqa: F841 - held until the process exits
     return run(config, build_engine)
