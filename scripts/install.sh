@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Creates .venv in the repository root and installs everything the project and its tests need,
 # on a CPU-only machine with only the package registries reachable. Idempotent: a stamp file
-# records a finished install of the current pyproject.toml / this script.
+# records a finished install of the current pyproject.toml / this script / the shipped-model list.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 VENV="$ROOT/.venv"
 STAMP="$VENV/.populora-installed"
-want=$(cat pyproject.toml scripts/install.sh | sha256sum | cut -d' ' -f1)
+want=$(cat pyproject.toml scripts/install.sh openrlhf_populora/models/shipped.py | sha256sum | cut -d' ' -f1)
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
     exit 0
 fi

@@ -103,3 +103,9 @@ def test_two_runs_never_write_into_one_directory(tmp_path):
             main(["--actor.model_name_or_path", "tiny", "--ckpt.output_dir", str(tmp_path)])
     assert "another run is writing" in str(exc.value)
     assert not (tmp_path / "config.yaml").exists()
+
+
+def test_a_missing_model_is_exit_2_before_the_run_directory_is_touched(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert main(["--actor.model_name_or_path", str(tmp_path / "nowhere"), "--ckpt.output_dir", str(run_dir)]) == 2
+    assert "--actor.model_name_or_path" in capsys.readouterr().err and not run_dir.exists()
