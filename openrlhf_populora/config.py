@@ -153,7 +153,11 @@ class PopuLoRAConfig:
     matchmaking: str = field(default="pfsp_hard",
                              metadata=_choices("pfsp_hard", "pfsp_variance", "random", "round_robin"))
     rating: str = field(default="trueskill", metadata=_choices("trueskill", "openskill"))
-    teacher_reward: str = field(default="failure_rate", metadata=_choices("failure_rate", "learnability"))
+    teacher_reward: str = field(default="auto", metadata=_choices(
+        "auto", "failure_rate", "learnability",
+        help="a valid proposal's reward from its matched students' mean solve rate s: failure_rate = 1 - s "
+             "(PopuLoRA), learnability = 1 - s if 0 < s < 1 else 0 (AZR); auto: failure_rate in population mode, "
+             "learnability in baseline mode. Invalid proposals get --populora.reward.invalid_proposal"))
     skip_zero_advantage: bool = field(
         default=True,
         metadata={"help": "leave samples whose advantage is 0 (groups with one reward value) out of the update: "
@@ -168,6 +172,12 @@ class PopuLoRAConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     evolution: EvolutionConfig = field(default_factory=EvolutionConfig)
     report: bool = field(default=True, metadata={"help": "render the run's figures at the end"})
+
+    def teacher_reward_mode(self) -> str:
+        """The teacher reward rule in effect: ``teacher_reward``, with ``auto`` resolved by ``mode``."""
+        if self.teacher_reward != "auto":
+            return self.teacher_reward
+        return "learnability" if self.mode == "baseline" else "failure_rate"
 
 
 @dataclass

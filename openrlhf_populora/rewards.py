@@ -10,10 +10,10 @@ Teacher (proposer) reward for one proposal with solve rate s (mean correctness o
 answers to it)::
 
     invalid proposal                 -> invalid_proposal                          (AZR: -1)
-    mode "failure_rate" (PopuLoRA)   -> 1 - s
+    mode "failure_rate" (PopuLoRA)   -> 1 - s          (the paper's rule: a fully solved task earns 0)
     mode "learnability" (AZR Eq. 4)  -> 1 - s if 0 < s < 1 else 0
-    a valid proposal whose reward above is exactly 0 gets ``zero_reward`` instead when ``remap_zero``
-    (AZR's code uses -0.5 there, departing from its paper; issue #37). Switch it off for the paper's rule.
+    with ``remap_zero`` (off by default), a valid proposal whose reward above is exactly 0 gets
+    ``zero_reward`` instead: AZR's code does that with -0.5, departing from its paper.
 
 The baseline (one adapter in both roles) uses the same functions with mode "learnability": AZR's rules.
 """
@@ -24,21 +24,23 @@ import json
 import os
 import threading
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 TEACHER_MODES = ("failure_rate", "learnability")
 
 
 @dataclass
 class RewardConfig:
-    """Every reward constant (AZR defaults)."""
+    """Every reward constant: AZR's format penalties, and the papers' teacher rule (no remap of 0)."""
 
-    correct: float = 1.0
-    wrong: float = -0.5
-    format_error: float = -1.0
-    invalid_proposal: float = -1.0
-    remap_zero: bool = True
-    zero_reward: float = -0.5
+    correct: float = field(default=1.0, metadata={"help": "student reward of a correct answer"})
+    wrong: float = field(default=-0.5, metadata={"help": "student reward of a well-formed wrong answer (AZR)"})
+    format_error: float = field(default=-1.0, metadata={"help": "student reward of an answer that does not parse (AZR)"})
+    invalid_proposal: float = field(default=-1.0, metadata={"help": "teacher reward of an invalid proposal (AZR)"})
+    remap_zero: bool = field(default=False, metadata={
+        "help": "give a valid proposal whose teacher reward is exactly 0 (fully solved) zero_reward instead, as AZR's "
+                "code does; off: the paper's rule"})
+    zero_reward: float = field(default=-0.5, metadata={"help": "the reward remap_zero gives (AZR's code: -0.5)"})
 
     def validate(self) -> None:
         for name, value in asdict(self).items():

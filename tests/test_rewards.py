@@ -38,20 +38,22 @@ def test_student_reward_table(format_ok, correct, expected):
     assert student_reward(Verdict(format_ok, correct), custom) == {1.0: 2.0, -0.5: 0.25, -1.0: -3.0}[expected]
 
 
-@pytest.mark.parametrize("s, failure_rate, learnability", [
-    (0.0, 1.0, -0.5),  # AZR: s = 0 -> raw 0 -> remapped to -0.5 (pitfall 9 / issue #37)
-    (1 / 8, 7 / 8, 7 / 8),
-    (0.5, 0.5, 0.5),
-    (1.0, -0.5, -0.5),
-])
-def test_teacher_reward_table_with_remap(s, failure_rate, learnability):
+@pytest.mark.parametrize("s, failure_rate, learnability", [(0.0, 1.0, 0.0), (1 / 8, 7 / 8, 7 / 8), (1.0, 0.0, 0.0)])
+def test_teacher_reward_default_is_the_papers_rule(s, failure_rate, learnability):
+    # the paper: a teacher's reward is its matched students' failure rate, so a fully solved task earns 0
+    assert RewardConfig().remap_zero is False
     assert teacher_reward(VALID, s) == pytest.approx(failure_rate)
     assert teacher_reward(VALID, s, mode="learnability") == pytest.approx(learnability)
 
 
-@pytest.mark.parametrize("s, failure_rate, learnability", [(0.0, 1.0, 0.0), (1 / 8, 7 / 8, 7 / 8), (1.0, 0.0, 0.0)])
-def test_teacher_reward_table_paper_rule_without_remap(s, failure_rate, learnability):
-    cfg = RewardConfig(remap_zero=False)
+@pytest.mark.parametrize("s, failure_rate, learnability", [
+    (0.0, 1.0, -0.5),  # AZR's code: s = 0 -> raw 0 -> remapped to -0.5 (its paper says 0)
+    (1 / 8, 7 / 8, 7 / 8),
+    (0.5, 0.5, 0.5),
+    (1.0, -0.5, -0.5),
+])
+def test_teacher_reward_with_azrs_remap(s, failure_rate, learnability):
+    cfg = RewardConfig(remap_zero=True)
     assert teacher_reward(VALID, s, cfg) == pytest.approx(failure_rate)
     assert teacher_reward(VALID, s, cfg, mode="learnability") == pytest.approx(learnability)
 

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from openrlhf_populora.config import Config
-from openrlhf_populora.engines.base import Completion, SamplingParams
 from openrlhf_populora.engines.local import LocalEngine, LocalEngineConfig
 from openrlhf_populora.selfplay.runner import run
+from openrlhf_populora.engines.scripted import scripted_engine
 
 pytestmark = pytest.mark.slow
 
@@ -62,21 +62,8 @@ def _scripted_answer(adapter: str, prompt: str, rng: random.Random) -> str:
     return "no idea"
 
 
-class ScriptedEngine(LocalEngine):
+class ScriptedEngine(scripted_engine(lambda adapter, prompt, sample, rng: _scripted_answer(adapter, prompt, rng))):
     """The real engine, with completions scripted instead of sampled (training and adapters are real)."""
-
-    def generate(self, requests, params: SamplingParams):
-        outputs = []
-        for index, request in enumerate(requests):
-            completions = []
-            for sample in range(request.n):
-                rng = random.Random(f"{params.seed}/{index}/{sample}/{request.adapter}")
-                text = _scripted_answer(request.adapter, request.prompt, rng)
-                response = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
-                prompt_ids = self.tokenizer(request.prompt, add_special_tokens=False)["input_ids"]
-                completions.append(Completion(request.adapter, prompt_ids, response, text, True))
-            outputs.append(completions)
-        return outputs
 
     trained: list = []  # every trajectory handed to train_step, across engines (tests read it)
 

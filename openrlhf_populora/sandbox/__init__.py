@@ -41,7 +41,8 @@ compiles each answer before forking the grandchild that runs it, and an answer t
 no process at all.
 """
 
+from .protocol import Executor
 from .result import STATUSES, ExecResult
 from .sandbox import Sandbox
 
-__all__ = ["STATUSES", "ExecResult", "Sandbox"]
+__all__ = ["STATUSES", "ExecResult", "Executor", "Sandbox"]

@@ -47,6 +47,8 @@ from openrlhf_populora.engines.base import (
 )
 from openrlhf_populora.metrics import CoverageArchive, Tracker, program_complexity
 from openrlhf_populora.population import (
+    Matchup,
+    Member,
     Population,
     Ratings,
     apply_plan,
@@ -56,6 +58,7 @@ from openrlhf_populora.population import (
     should_evolve,
 )
 from openrlhf_populora.rewards import student_reward, teacher_reward
+from openrlhf_populora.sandbox import Executor
 from openrlhf_populora.selfplay.advantages import whiten_by_group
 from openrlhf_populora.tasks import (
     COMPACT_TEMPLATES,
@@ -82,6 +85,16 @@ def step_rng(seed: int, step: int, purpose: str) -> random.Random:
 
 def step_seed(seed: int, step: int, purpose: str) -> int:
     return step_rng(seed, step, purpose).randrange(2**31)
+
+
+@dataclass
+class ProposalPlan:
+    """One proposal to ask for: which teacher, which task type, and its prompt's context (references, or for
+    code_f the program to study)."""
+
+    teacher: Member
+    task_type: str
+    context: dict[str, Any]
 
 
 @dataclass
@@ -114,9 +127,10 @@ class StepOutput:
     step: int
     proposals: list[Proposal]
     attempts: list[Attempt]
-    matchups: list[Any]
+    matchups: list[Matchup]
     games: list[str]  # rating games of this step: "teacher", "student" or "draw" (who won)
-    train_stats: dict[str, dict[str, float]]
+    train_stats: dict[str, dict[str, float]]  # adapter -> the engine's training diagnostics
+    trained: dict[str, str]  # adapter -> the member that trained in it this step (before evolution)
     evolution: list[dict[str, Any]]
     timings: dict[str, float]
 
@@ -124,7 +138,7 @@ class StepOutput:
 class SelfPlay:
     """Holds the run's state (population, ratings, buffers, archive, step) and runs steps on an engine."""
 
-    def __init__(self, config: Config, engine: Engine, sandbox: Any, run_dir: str | Path,
+    def __init__(self, config: Config, engine: Engine, sandbox: Executor, run_dir: str | Path,
                  tracker: Tracker | None = None) -> None:
         self.config = config
         self.p = config.populora
@@ -199,13 +213,12 @@ class SelfPlay:
         # 2. propose
         self._enter("propose")
         tic = time.perf_counter()
-        plans: list[tuple[Any, str, dict]] = []  # (teacher member, task type, prompt context)
         rng = step_rng(seed, t, "references")
-        for task_type in self.p.task_types:
-            for teacher in self.population.teachers():
-                for _ in range(self.p.proposals_per_teacher):
-                    plans.append((teacher, task_type, self._proposer_context(task_type, rng)))
-        requests = [GenerationRequest(m.adapter, self._render(self._proposer_prompt(tt, ctx))) for m, tt, ctx in plans]
+        plans = [ProposalPlan(teacher, task_type, self._proposer_context(task_type, rng))
+                 for task_type in self.p.task_types for teacher in self.population.teachers()
+                 for _ in range(self.p.proposals_per_teacher)]
+        requests = [GenerationRequest(plan.teacher.adapter, self._render(self._proposer_prompt(plan)))
+                    for plan in plans]
         generated = self.engine.generate(requests, self._params(t, "propose"))
         timings["generate_propose"] = time.perf_counter() - tic
 
@@ -214,14 +227,14 @@ class SelfPlay:
         tic = time.perf_counter()
         proposals: list[Proposal] = [None] * len(plans)  # type: ignore[list-item]
         for task_type in self.p.task_types:
-            index = [i for i, (_, tt, _) in enumerate(plans) if tt == task_type]
+            index = [i for i, plan in enumerate(plans) if plan.task_type == task_type]
             if not index:
                 continue
-            programs = [plans[i][2].get("program") for i in index] if task_type == "code_f" else None
+            programs = [plans[i].context.get("program") for i in index] if task_type == "code_f" else None
             checks = check_proposals(task_type, [generated[i][0].text for i in index], self.sandbox,
-                                     programs=programs, proposer=[plans[i][0].id for i in index], step=t)
+                                     programs=programs, proposer=[plans[i].teacher.id for i in index], step=t)
             for i, check in zip(index, checks, strict=True):
-                teacher = plans[i][0]
+                teacher = plans[i].teacher
                 proposals[i] = Proposal(teacher.id, teacher.adapter, task_type, generated[i][0], check)
         for proposal in proposals:
             if proposal.check.valid:
@@ -263,6 +276,7 @@ class SelfPlay:
         tic = time.perf_counter()
         trajectories = self._trajectories(proposals, attempts)
         train_stats = self.engine.train_step(trajectories) if trajectories else {}
+        trained = {adapter: self.population.member_in(adapter).id for adapter in train_stats}
         timings["train"] = time.perf_counter() - tic
 
         # 7. rate and evolve
@@ -274,7 +288,7 @@ class SelfPlay:
 
         self.step = t
         timings["step"] = sum(timings.values())
-        return StepOutput(t, proposals, attempts, matchups, games, train_stats, events, timings)
+        return StepOutput(t, proposals, attempts, matchups, games, train_stats, trained, events, timings)
 
     # ---------------------------------------------------------------------------------------------
     # pieces of a step
@@ -283,11 +297,11 @@ class SelfPlay:
         if self.on_phase is not None:
             self.on_phase(phase)
 
-    def _match(self, t: int) -> list[Any]:
+    def _match(self, t: int) -> list[Matchup]:
         if self.baseline:
             return []
         return matchmake(self.population, self.ratings, self.p.task_types, self.p.matchmaking,
-                         step_rng(self.config.train.seed, t, "match"))
+                         step_rng(self.config.train.seed, t, "match"), step=t)
 
     def _proposer_context(self, task_type: str, rng: random.Random) -> dict[str, Any]:
         """Keyword arguments of ``proposer_prompt``: K references, or for code_f one program to study."""
@@ -295,8 +309,9 @@ class SelfPlay:
             return {"references": [], "program": self.buffers.induction_program(rng)}
         return {"references": self.buffers.references(task_type, self.p.references, rng)}
 
-    def _proposer_prompt(self, task_type: str, context: dict[str, Any]) -> str:
-        return proposer_prompt(task_type, **context, timeout_s=self.p.sandbox.timeout_s, templates=self.templates)
+    def _proposer_prompt(self, plan: ProposalPlan) -> str:
+        return proposer_prompt(plan.task_type, **plan.context, timeout_s=self.p.sandbox.timeout_s,
+                               templates=self.templates)
 
     def _measure_programs(self, proposals: list[Proposal]) -> None:
         """Complexity of every valid program, and the coverage archive (diagnostics, not rewards)."""
@@ -318,7 +333,7 @@ class SelfPlay:
         return SamplingParams(self._sampling.temperature, self._sampling.top_p, self._sampling.max_new_tokens,
                               seed=step_seed(self.config.train.seed, t, purpose))
 
-    def _plan_attempts(self, t: int, matchups: list[Any], proposals: list[Proposal]) -> list[Attempt]:
+    def _plan_attempts(self, t: int, matchups: list[Matchup], proposals: list[Proposal]) -> list[Attempt]:
         """Which student answers which task: its matched teachers' valid tasks, topped up from the buffers."""
         rng = step_rng(self.config.train.seed, t, "solver_batch")
         attempts: list[Attempt] = []
@@ -355,21 +370,22 @@ class SelfPlay:
                 correct[(attempt.proposal, attempt.student)].append(bool(attempt.verdict.correct))
         for (index, student), results in correct.items():
             proposals[index].solve_rates[student] = fmean(results)
-        mode = "learnability" if self.baseline else self.p.teacher_reward
+        mode = self.p.teacher_reward_mode()
         for proposal in proposals:
             rate = fmean(proposal.solve_rates.values()) if proposal.solve_rates else None
             proposal.reward = teacher_reward(proposal.check, rate, self.p.reward, mode=mode)
 
     def _trajectories(self, proposals: list[Proposal], attempts: list[Attempt]) -> list[Trajectory]:
-        items = [(pr.teacher, "propose", pr.task_type, pr.adapter, pr.completion, pr.reward) for pr in proposals]
-        items += [(a.student, "solve", a.task.task_type, a.adapter, a.completion, a.reward) for a in attempts]
-        advantages = whiten_by_group([it[5] for it in items], [it[:3] for it in items])
+        """Every scored completion, its advantage whitened within its (member, role, task type) group."""
+        scored = [(f"{pr.teacher}/propose/{pr.task_type}", pr.adapter, pr.completion, pr.reward) for pr in proposals]
+        scored += [(f"{a.student}/solve/{a.task.task_type}", a.adapter, a.completion, a.reward) for a in attempts]
+        advantages = whiten_by_group([reward for *_, reward in scored], [group for group, *_ in scored])
         keep_zero = not self.p.skip_zero_advantage
-        return [Trajectory(adapter, c.prompt_ids, c.response_ids, adv, group="/".join(key))
-                for (*key, adapter, c, _), adv in zip(items, advantages, strict=True)
+        return [Trajectory(adapter, c.prompt_ids, c.response_ids, adv, group=group)
+                for (group, adapter, c, _), adv in zip(scored, advantages, strict=True)
                 if c.response_ids and (keep_zero or adv != 0.0)]
 
-    def _rate(self, t: int, matchups: list[Any], proposals: list[Proposal]) -> list[str]:
+    def _rate(self, t: int, matchups: list[Matchup], proposals: list[Proposal]) -> list[str]:
         games: list[str] = []
         for m in matchups:
             rates = [pr.solve_rates[m.student] for pr in proposals

@@ -84,13 +84,11 @@ def step_metrics(loop: Any, output: Any) -> dict[str, Any]:
                     for name, value in _student_stats(mine).items():
                         out[member_key(member.id, "student", name, tt)] = value
 
-    # training diagnostics: per member (under the role it trained in) and their mean
+    # training diagnostics: per member that trained (evolution may since have put a child in its adapter slot),
+    # under the role it trained in, and their mean
     per_metric: dict[str, list[float]] = defaultdict(list)
     for adapter, stats in output.train_stats.items():
-        try:
-            member = population.member_in(adapter)
-        except KeyError:  # replaced by evolution after training this step
-            continue
+        member = population.get(output.trained[adapter])
         role = "student" if member.role == "student" else "teacher"
         for source, name in _DIAGNOSTICS.items():
             if isinstance(stats.get(source), (int, float)):

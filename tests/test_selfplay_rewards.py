@@ -1,0 +1,136 @@
+"""One scripted self-play step checked against rewards and matchups computed by hand.
+
+The engine is the real ``LocalEngine`` on the tiny model with scripted completions
+(``engines/scripted.py``), the sandbox is real. Teacher t0 proposes ``x + 3`` (input 4), ``x * 2`` (input 5),
+the identity (input 'abc') and one invalid answer. Students answer by a fixed rule:
+
+- s0 is always right; s1 is right only on samples >= 2; s2 only on sample 0 and samples >= 2;
+- everyone is right on the identity.
+
+A student's matched attempts on one task are its samples 0 and 1; a buffer top-up that repeats a task of this
+step comes after them in the same request (samples 2 and 3), where everyone is right. So a teacher reward
+that counted top-ups, or the wrong students, comes out different from the hand-computed one.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from openrlhf_populora.config import Config
+from openrlhf_populora.engines.local import LocalEngineConfig
+from openrlhf_populora.engines.scripted import scripted_engine
+from openrlhf_populora.models.embedded import resolve_model
+from openrlhf_populora.selfplay.loop import SelfPlay
+from openrlhf_populora.selfplay.summary import step_metrics
+
+PROPOSALS = [
+    ("def f(x):\n    return x + 3", "4"),
+    ("def f(x):\n    return x * 2", "5"),
+    ("def f(x):\n    return x", "'abc'"),
+    None,  # invalid: no program
+]
+
+
+def policy(adapter: str, prompt: str, sample: int, rng) -> str:
+    if "## Task: write a new Python program" in prompt:
+        return _teacher_answer()  # by the order of the requests, not by chance
+    program = re.search(r"```python\n(.*?)\n```", prompt, re.S).group(1)
+    arguments = re.search(r"```input\n(.*?)\n```", prompt, re.S).group(1)
+    right = (adapter == "s0" or sample >= 2 or program.endswith("return x")
+             or (adapter == "s2" and sample == 0))
+    scope: dict = {}
+    exec(program, scope)  # the test's own programs and the shipped seed tasks: trusted
+    value = repr(eval(f"f({arguments})", scope)) if right else "-12345"
+    return f"<think>t</think><answer>```output\n{value}\n```</answer>"
+
+
+_CALLS = {"teacher": 0}
+
+
+def _teacher_answer() -> str:
+    proposal = PROPOSALS[_CALLS["teacher"] % len(PROPOSALS)]
+    _CALLS["teacher"] += 1
+    if proposal is None:
+        return "<think>hmm</think><answer>I do not know</answer>"
+    program, arguments = proposal
+    return f"<think>p</think><answer>\n```python\n{program}\n```\n```input\n{arguments}\n```\n</answer>"
+
+
+def make_loop(tmp_path, task_sandbox, **populora) -> SelfPlay:
+    from openrlhf_populora.cli.train import build_engine
+
+    config = Config()
+    config.actor.model_name_or_path = "tiny"
+    config.ds.lora.rank = 2
+    config.rollout.max_new_tokens = 16
+    p = config.populora
+    p.task_types = ["code_o"]
+    p.num_teachers, p.num_students = 1, 3
+    p.proposals_per_teacher, p.solver_tasks, p.solver_samples = 4, 4, 2
+    p.recency_window = 0  # top-ups come from this step's own tasks, the ones the rewards must not count
+    p.seed_file = "configs/seeds/basic.jsonl"
+    p.evolution.enabled = False
+    for key, value in populora.items():
+        setattr(p, key, value)
+    config.validate()
+    real = build_engine(config)
+    real.close()
+    engine = scripted_engine(policy)(LocalEngineConfig(**{**real.config.__dict__,
+                                                          "model_name_or_path": resolve_model("tiny")}))
+    loop = SelfPlay(config, engine, task_sandbox, tmp_path)
+    loop.create_adapters()
+    loop.seed_buffers()
+    return loop
+
+
+@pytest.mark.parametrize("remap_zero, identity_reward", [(False, 0.0), (True, -0.5)])
+def test_teacher_rewards_count_only_matched_students_on_their_own_attempts(
+        tmp_path, task_sandbox, monkeypatch, remap_zero, identity_reward):
+    monkeypatch.setitem(_CALLS, "teacher", 0)
+    loop = make_loop(tmp_path, task_sandbox)
+    loop.p.reward.remap_zero = remap_zero
+    out = loop.run_step()
+    rates = [pr.solve_rates for pr in out.proposals]
+    assert rates == [{"s0": 1.0, "s1": 0.0, "s2": 0.5}, {"s0": 1.0, "s1": 0.0, "s2": 0.5},
+                     {"s0": 1.0, "s1": 1.0, "s2": 1.0}, {}]
+    assert [pr.reward for pr in out.proposals] == [0.5, 0.5, identity_reward, -1.0]
+    # the test is only as sharp as its top-ups: some repeat a non-identity task of this step, and were right
+    repeats = [a for a in out.attempts if a.proposal is None and not a.task.program.strip().endswith("return x")]
+    assert repeats and all(a.verdict.correct for a in repeats)
+    assert {a.student for a in out.attempts if a.proposal is not None} == {"s0", "s1", "s2"}
+
+
+def test_round_robin_matchups_rotate_with_the_step(tmp_path, task_sandbox, monkeypatch):
+    monkeypatch.setitem(_CALLS, "teacher", 0)
+    loop = make_loop(tmp_path, task_sandbox, num_teachers=2, num_students=2, matchmaking="round_robin",
+                     proposals_per_teacher=1, solver_tasks=1)
+    seen = []
+    for t in (1, 2, 3):
+        out = loop.run_step()
+        # matchup j: teacher j mod T meets student (j + step + task index) mod S
+        assert [(m.teacher, m.student) for m in out.matchups] == [("t0", f"s{(0 + t) % 2}"), ("t1", f"s{(1 + t) % 2}")]
+        seen.append(out.matchups)
+    assert seen[0] != seen[1] and seen[0] == seen[2]
+
+
+def test_training_metrics_stay_with_the_member_that_trained_when_evolution_replaces_it(
+        tmp_path, task_sandbox, monkeypatch):
+    monkeypatch.setitem(_CALLS, "teacher", 0)
+    loop = make_loop(tmp_path, task_sandbox, num_teachers=2, num_students=2)
+    loop.p.evolution.enabled = True
+    loop.p.evolution.evolve_every = 1
+    loop.p.evolution.replace_fraction = 0.5
+    loop.p.evolution.min_age = 0
+    out = loop.run_step()
+    assert out.evolution  # someone was replaced right after training
+    metrics = step_metrics(loop, out)
+    for event in out.evolution:
+        old, child = event["replaced"], event["child"]
+        if out.trained.get(event["slot"]) == old:
+            assert any(k.startswith(f"member/{old}/") and k.endswith("/grad_norm") for k in metrics)
+        assert not any(k.startswith(f"member/{child}/") and k.endswith("/grad_norm") for k in metrics)
+    assert set(out.trained) == set(out.train_stats)
+    trained_grad_norms = [k for k in metrics if k.endswith("/grad_norm") and k.startswith("member/")]
+    assert len(trained_grad_norms) == len(out.train_stats)
