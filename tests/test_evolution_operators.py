@@ -9,6 +9,7 @@ from openrlhf_populora.evolution import CROSSOVERS, MUTATIONS, apply_action, cro
 from openrlhf_populora.population import (
     CROSSOVER_NAMES,
     MUTATION_NAMES,
+    OPERATOR_CODES,
     EvolutionConfig,
     Population,
     apply_plan,
@@ -194,6 +195,80 @@ def test_exact_combinations_match_their_formulas():
     assert all(_rel(_delta(same, pair), _delta(a, pair)) < 1e-5 for pair in pairs)
 
 
+def test_task_arithmetic_is_the_scaled_sum_of_the_deltas():
+    a, b = _adapter(0), _adapter(1)
+    pairs = lora_pairs(a)
+    info = {}
+    child = crossover("task_arithmetic", [a, b], seed=0, info=info, lam=0.8)
+    for pair in pairs:  # the best rank-r approximation of 0.8 (Da + Db): two rank-r deltas sum to rank 2r
+        u, s, vh = torch.linalg.svd(0.8 * (_delta(a, pair) + _delta(b, pair)), full_matrices=False)
+        assert _rel(_delta(child, pair), (u[:, :RANK] * s[:RANK]) @ vh[:RANK]) < 1e-4
+    assert 0 < info["truncation_energy"] < 1
+    # exact where the sum keeps rank r: a parent with itself is 2 Da, nothing truncated; the default lam is 1
+    info = {}
+    doubled = crossover("task_arithmetic", [a, a], seed=0, info=info)
+    assert info["truncation_energy"] < 1e-6
+    assert all(_rel(_delta(doubled, pair), 2 * _delta(a, pair)) < 1e-5 for pair in pairs)
+    # not a mean: the default differs from svd_mean by the factor 2 on the same parents
+    mean = crossover("svd_mean", [a, a], seed=0)
+    assert all(_rel(_delta(doubled, pair), 2 * _delta(mean, pair)) < 1e-5 for pair in pairs)
+
+
+def test_paper_codes_name_the_same_operators():
+    a, b = _adapter(0), _adapter(1)
+    assert sorted(c for c in OPERATOR_CODES.values() if c[0] == "M") == [f"M{i}" for i in range(1, 7)]
+    assert sorted(c for c in OPERATOR_CODES.values() if c[0] == "X") == sorted(f"X{i}" for i in range(1, 10))
+    assert set(OPERATOR_CODES) == set(MUTATION_NAMES) | set(CROSSOVER_NAMES)
+    for name, code in OPERATOR_CODES.items():
+        if name in MUTATION_NAMES:
+            assert _same(mutate(code, a, seed=5), mutate(name, a, seed=5))
+        else:
+            assert _same(crossover(code, [a, b], seed=5), crossover(name, [a, b], seed=5))
+
+
+def test_configured_parameters_reach_the_operator():
+    a = _adapter(0)
+    population = Population.create(2, 2)
+    ratings = make_ratings()
+    for member in population.alive():
+        ratings.add(member.id)
+    cfg = EvolutionConfig(evolve_every=1, min_age=0, replace_fraction=0.5, operators={"M1": 1.0})
+    cfg.params.gaussian_scale = 0.3
+    action = plan_evolution(population, ratings, 1, cfg, seed=0)[0]
+    assert action.operator == "gaussian" and action.params == {"scale": 0.3}
+    assert action.to_dict()["operator_code"] == "M1"
+    child, info = apply_action(action, [a])
+    assert _same(child, mutate("gaussian", a, seed=action.seed, scale=0.3))
+    assert not _same(child, mutate("gaussian", a, seed=action.seed))  # the default (0.05) would differ
+    assert info["operator"] == "gaussian" and info["operator_code"] == "M1"
+
+
+@pytest.mark.parametrize("menu, kind", [({"copy_parent": 1.0}, "mutation"), ({"linear_0_5": 1.0}, "crossover")])
+def test_controls_can_be_selected_by_name(menu, kind):
+    population = Population.create(3, 3)
+    ratings = make_ratings()
+    for member in population.alive():
+        ratings.add(member.id)
+    adapters = {m.adapter: _adapter(i) for i, m in enumerate(population.alive())}
+    cfg = EvolutionConfig(evolve_every=1, min_age=0, replace_fraction=0.34, operators=menu)
+    actions = plan_evolution(population, ratings, 1, cfg, seed=0)
+    assert actions and {a.operator for a in actions} == set(menu)
+    for action in actions:
+        child, _ = apply_action(action, adapters)
+        parents = [adapters[slot] for slot in action.parent_adapters]
+        expected = parents[0] if kind == "mutation" else {k: (parents[0][k] + parents[1][k]) / 2 for k in child}
+        assert all(torch.allclose(child[k], expected[k]) for k in child)
+
+
+def test_operator_menu_rejects_one_operator_under_two_names():
+    with pytest.raises(ValueError, match="twice"):
+        EvolutionConfig(operators={"M1": 1.0, "gaussian": 1.0}).validate()
+    with pytest.raises(ValueError, match="evolution.params.ties_density must be in"):
+        cfg = EvolutionConfig()
+        cfg.params.ties_density = 0.0
+        cfg.validate()
+
+
 def test_sv_splice_takes_top_components_from_each_parent():
     a, b = _adapter(0), _adapter(1)
     child = crossover("sv_splice", [a, b], seed=0, top=3)
@@ -223,10 +298,16 @@ def test_ties_resolves_sign_conflicts():
 
 def test_bad_input_names_the_problem():
     a, b = _adapter(0), _adapter(1)
-    with pytest.raises(ValueError, match="unknown mutation 'warp'"):
+    with pytest.raises(ValueError, match="unknown evolution operator 'warp'"):
         mutate("warp", a, seed=0)
-    with pytest.raises(ValueError, match="unknown crossover 'blend'"):
+    with pytest.raises(ValueError, match="unknown evolution operator 'blend'"):
         crossover("blend", [a, b], seed=0)
+    with pytest.raises(ValueError, match="'svd_mean' is a crossover"):
+        mutate("X1", a, seed=0)
+    with pytest.raises(ValueError, match="'gaussian' is a mutation"):
+        crossover("gaussian", [a, b], seed=0)
+    with pytest.raises(ValueError, match="takes scale"):
+        mutate("gaussian", a, seed=0, sigma=0.1)
     with pytest.raises(ValueError, match=">= 2 parent"):
         crossover("svd_mean", [a], seed=0)
     with pytest.raises(ValueError, match="exactly 2"):

@@ -93,8 +93,9 @@ def test_operator_menu_weights_and_fitness_params():
             counts[action.operator] += 1
             if action.operator == "svd_fitness":
                 assert action.params["fitness"] == [ratings.conservative(p) for p in action.parents]
+                assert action.params["temperature"] == cfg.params.svd_fitness_temperature
             else:
-                assert action.params == {}
+                assert action.params == {"sigma": cfg.params.sv_lognormal_sigma}
     assert set(counts) == {"svd_fitness", "sv_lognormal"}
     assert counts["svd_fitness"] > 2 * counts["sv_lognormal"]
 

@@ -6,7 +6,10 @@ dtype, device and rank. Torch only; no engine.
 
     from openrlhf_populora.evolution import MUTATIONS, CROSSOVERS, mutate, crossover
     child = crossover("svd_mean", [sd_a, sd_b], weights=[0.5, 0.5], seed=0)
-    child = mutate("gaussian", sd_a, seed=0, scale=0.1)
+    child = mutate("gaussian", sd_a, seed=0, scale=0.1)     # or mutate("M1", ...): the paper's code
+
+Operators are named by their readable name or the paper's code (``population/operators.py``); a parameter not
+given takes its default from ``population.OperatorParams``, and every value is range-checked first.
 
 Pass ``info={}`` to receive what the operator measured (``truncation_energy``: the fraction of the combined
 delta's squared Frobenius norm lost when re-factoring to rank r, 0 for operators that do not re-factor).
@@ -25,7 +28,13 @@ from torch import Tensor
 from openrlhf_populora.evolution.crossovers import CROSSOVERS
 from openrlhf_populora.evolution.lowrank import check_adapters, lora_pairs
 from openrlhf_populora.evolution.mutations import MUTATIONS
-from openrlhf_populora.population.operators import TWO_PARENT_ONLY, operator_kind
+from openrlhf_populora.population.operators import (
+    TWO_PARENT_ONLY,
+    canonical_operator,
+    operator_code,
+    operator_kind,
+    operator_params,
+)
 
 __all__ = ["CROSSOVERS", "MUTATIONS", "apply_action", "crossover", "lora_pairs", "mutate"]
 
@@ -39,8 +48,10 @@ def _generator(seed: int) -> torch.Generator:
 def mutate(name: str, parent: Mapping[str, Tensor], seed: int = 0, info: dict | None = None,
            **params: Any) -> dict[str, Tensor]:
     """A mutated copy of ``parent`` by operator ``name`` (see ``evolution.mutations``)."""
+    name = canonical_operator(name)
     if name not in MUTATIONS:
-        raise ValueError(f"unknown mutation {name!r}; choose from {', '.join(MUTATIONS)}")
+        raise ValueError(f"{name!r} is a crossover, not a mutation; mutations: {', '.join(MUTATIONS)}")
+    params = operator_params(name, params)
     pairs = check_adapters([parent])
     out: dict[str, Any] = {}
     child = MUTATIONS[name](parent, pairs, _generator(seed), out, **params)
@@ -64,8 +75,10 @@ def _normalised(weights: Sequence[float] | None, n: int) -> list[float]:
 def crossover(name: str, parents: Sequence[Mapping[str, Tensor]], weights: Sequence[float] | None = None,
               seed: int = 0, info: dict | None = None, **params: Any) -> dict[str, Tensor]:
     """A child of ``parents`` by operator ``name`` (see ``evolution.crossovers``); parents best first."""
+    name = canonical_operator(name)
     if name not in CROSSOVERS:
-        raise ValueError(f"unknown crossover {name!r}; choose from {', '.join(CROSSOVERS)}")
+        raise ValueError(f"{name!r} is a mutation, not a crossover; crossovers: {', '.join(CROSSOVERS)}")
+    params = operator_params(name, params)
     if isinstance(parents, Mapping) or len(parents) < 2:
         raise ValueError(f"crossover {name!r} needs a list of >= 2 parent adapters")
     if name in TWO_PARENT_ONLY and len(parents) != 2:
@@ -107,5 +120,6 @@ def apply_action(action: Any, parent_state_dicts: Sequence[Mapping[str, Tensor]]
         child = mutate(action.operator, parents[0], seed=action.seed, info=info, **dict(action.params))
     else:
         child = crossover(action.operator, parents, seed=action.seed, info=info, **dict(action.params))
-    info.update(operator=action.operator, seed=action.seed, parents=list(action.parents))
+    info.update(operator=action.operator, operator_code=operator_code(action.operator), seed=action.seed,
+                parents=list(action.parents))
     return child, info

@@ -4,29 +4,34 @@ Per module, parent ``i`` has delta ``D_i = B_i A_i`` and core ``C_i`` in the par
 (``D_i = Q_b C_i Q_a^T``, see ``lowrank.py``). Operators marked (exact) combine the deltas exactly and
 re-factor the result to the best rank-``r`` approximation (QR + small SVD, never a ``d x k`` matrix); the
 energy lost by that truncation is reported in ``info["truncation_energy"]``. Mixing weights ``w`` default to
-equal and are normalised to sum to 1. Parents are ordered best first where it matters.
+equal and are normalised to sum to 1. Parents are ordered best first where it matters. The paper's codes are
+given first (``population/operators.py``); parameter defaults are the fields of ``population.OperatorParams``
+(``--populora.evolution.params.<operator>_<param>``), their ranges checked by ``population.operator_params``.
 
 - ``linear_0_5`` (control): ``A = sum w_i A_i``, ``B = sum w_i B_i``. This mixes factors, not deltas, and is
   mathematically wrong (``B A`` gains the cross terms ``B_i A_j``); kept as the paper's control.
-- ``svd_mean`` (exact): ``D = sum w_i D_i``.
-- ``svd_fitness(fitness=None, temperature=1.0)`` (exact): ``svd_mean`` with ``w = softmax(fitness / T)``
+- X1 ``svd_mean`` (exact): ``D = sum w_i D_i``.
+- X2 ``svd_fitness(temperature, fitness=None)`` (exact): ``svd_mean`` with ``w = softmax(fitness / T)``
   (``fitness`` are the parents' conservative ratings; without it, the given or equal weights).
-- ``layer_swap``: each transformer layer's modules (their A and B together) are copied from one parent,
+- X3 ``layer_swap``: each transformer layer's modules (their A and B together) are copied from one parent,
   drawn with probabilities ``w``. No re-factoring.
-- ``ties(density=0.5)`` (exact re-factoring): TIES-merging on the cores: keep each ``C_i``'s top ``density``
+- X4 ``ties(density)`` (exact re-factoring): TIES-merging on the cores: keep each ``C_i``'s top ``density``
   fraction of entries by magnitude, elect a sign per entry ``sign(sum w_i C_i)``, and take the weighted mean
   of the kept entries that agree with it. Applied to core coordinates (an isometric rotation of the deltas),
   not to the dense deltas, so it never forms ``d x k`` matrices.
-- ``dare(p=0.3)`` (exact re-factoring): DARE on the cores: drop each entry of each ``C_i`` with probability
+- X5 ``dare(p)`` (exact re-factoring): DARE on the cores: drop each entry of each ``C_i`` with probability
   ``p``, rescale the survivors by ``1 / (1 - p)``, then ``sum w_i C_i``.
-- ``sv_splice(top=None)``: the child's delta is parent 0's top ``h`` singular components plus parent 1's top
-  ``r - h`` components (``h = top``, default ``r // 2``). No re-factoring.
-- ``extrapolate(lam=0.5)`` (exact): ``D = D_0 + lam (D_0 - D_1)``: past the better parent 0, away from
+- X6 ``sv_splice(top)``: the child's delta is parent 0's top ``h`` singular components plus parent 1's top
+  ``r - h`` components (``h = top``, or ``r // 2`` when ``top`` is None). No re-factoring.
+- X7 ``extrapolate(lam)`` (exact): ``D = D_0 + lam (D_0 - D_1)``: past the better parent 0, away from
   parent 1.
-- ``slerp(t=None)`` (exact): spherical interpolation ``D = sin((1-t) theta)/sin(theta) D_0 +
+- X8 ``slerp(t)`` (exact): spherical interpolation ``D = sin((1-t) theta)/sin(theta) D_0 +
   sin(t theta)/sin(theta) D_1`` with ``cos(theta) = <D_0, D_1> / (|D_0| |D_1|)`` per module (Frobenius
-  inner product, computed on the cores); ``t`` defaults to ``w_1``; linear when the deltas are
+  inner product, computed on the cores); ``t = w_1`` when ``t`` is None; linear when the deltas are
   (anti)parallel or zero.
+- X9 ``task_arithmetic(lam)`` (exact): ``D = lam * sum_i D_i``, task arithmetic's sum of task vectors: each
+  parent's whole update is kept (a mean would halve two specialists'), ``lam`` scales the sum. Weights ``w``
+  are not used.
 """
 
 from __future__ import annotations
@@ -89,13 +94,11 @@ def svd_mean(parents, pairs, weights, gen, info) -> dict[str, Tensor]:
     return _exact(parents, pairs, info, lambda cores, basis: _weighted_sum(cores, weights))
 
 
-def svd_fitness(parents, pairs, weights, gen, info, fitness: Sequence[float] | None = None,
-                temperature: float = 1.0) -> dict[str, Tensor]:
+def svd_fitness(parents, pairs, weights, gen, info, temperature: float,
+                fitness: Sequence[float] | None = None) -> dict[str, Tensor]:
     if fitness is not None:
         if len(fitness) != len(parents) or not all(math.isfinite(f) for f in fitness):
             raise ValueError(f"svd_fitness: need one finite fitness per parent, got {list(fitness)}")
-        if not temperature > 0:
-            raise ValueError(f"svd_fitness: temperature must be > 0, got {temperature}")
         top = max(fitness)
         exps = [math.exp((f - top) / temperature) for f in fitness]
         weights = [e / sum(exps) for e in exps]
@@ -123,10 +126,7 @@ def _trim(core: Tensor, density: float) -> Tensor:
     return core * (core.abs() >= threshold)
 
 
-def ties(parents, pairs, weights, gen, info, density: float = 0.5) -> dict[str, Tensor]:
-    if not 0.0 < density <= 1.0:
-        raise ValueError(f"ties: density must be in (0, 1], got {density}")
-
+def ties(parents, pairs, weights, gen, info, density: float) -> dict[str, Tensor]:
     def combine(cores: list[Tensor], basis: Basis) -> Tensor:
         trimmed = [_trim(c, density) for c in cores]
         sign = torch.sign(_weighted_sum(trimmed, weights))
@@ -141,10 +141,7 @@ def ties(parents, pairs, weights, gen, info, density: float = 0.5) -> dict[str, 
     return _exact(parents, pairs, info, combine)
 
 
-def dare(parents, pairs, weights, gen, info, p: float = 0.3) -> dict[str, Tensor]:
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"dare: p must be in [0, 1), got {p}")
-
+def dare(parents, pairs, weights, gen, info, p: float) -> dict[str, Tensor]:
     def combine(cores: list[Tensor], basis: Basis) -> Tensor:
         kept = []
         for c in cores:
@@ -155,7 +152,7 @@ def dare(parents, pairs, weights, gen, info, p: float = 0.3) -> dict[str, Tensor
     return _exact(parents, pairs, info, combine)
 
 
-def sv_splice(parents, pairs, weights, gen, info, top: int | None = None) -> dict[str, Tensor]:
+def sv_splice(parents, pairs, weights, gen, info, top: int | None) -> dict[str, Tensor]:
     first, second = parents
     rank = first[pairs[0].a_key].shape[0]
     h = rank // 2 if top is None else top
@@ -174,16 +171,12 @@ def sv_splice(parents, pairs, weights, gen, info, top: int | None = None) -> dic
     return {key: child[key] for key in first}
 
 
-def extrapolate(parents, pairs, weights, gen, info, lam: float = 0.5) -> dict[str, Tensor]:
-    if not (math.isfinite(lam) and lam >= 0):
-        raise ValueError(f"extrapolate: lam must be finite and >= 0, got {lam}")
+def extrapolate(parents, pairs, weights, gen, info, lam: float) -> dict[str, Tensor]:
     return _exact(parents, pairs, info, lambda cores, basis: (1 + lam) * cores[0] - lam * cores[1])
 
 
-def slerp(parents, pairs, weights, gen, info, t: float | None = None) -> dict[str, Tensor]:
+def slerp(parents, pairs, weights, gen, info, t: float | None) -> dict[str, Tensor]:
     t = weights[1] if t is None else t
-    if not 0.0 <= t <= 1.0:
-        raise ValueError(f"slerp: t must be in [0, 1], got {t}")
 
     def combine(cores: list[Tensor], basis: Basis) -> Tensor:
         c0, c1 = cores
@@ -199,6 +192,10 @@ def slerp(parents, pairs, weights, gen, info, t: float | None = None) -> dict[st
     return _exact(parents, pairs, info, combine)
 
 
+def task_arithmetic(parents, pairs, weights, gen, info, lam: float) -> dict[str, Tensor]:
+    return _exact(parents, pairs, info, lambda cores, basis: lam * sum(cores))
+
+
 CROSSOVERS: dict[str, Callable[..., dict[str, Tensor]]] = {
     "linear_0_5": linear_0_5,
     "svd_mean": svd_mean,
@@ -209,4 +206,5 @@ CROSSOVERS: dict[str, Callable[..., dict[str, Tensor]]] = {
     "sv_splice": sv_splice,
     "extrapolate": extrapolate,
     "slerp": slerp,
+    "task_arithmetic": task_arithmetic,
 }

@@ -5,20 +5,25 @@ Notation per module: ``delta = B A`` with thin SVD ``U S V^T`` (computed exactly
 normal noise drawn from the operator's seeded generator. Operators that work in SVD form return balanced
 factors ``B = U sqrt(S)``, ``A = sqrt(S) V^T`` (same delta up to the mutation, different gauge).
 
-- ``copy_parent``: the child equals the parent (control).
-- ``gaussian(scale=0.05)``: ``X <- X + scale * std(X) * N`` for every A and B tensor. A tensor of zeros
+The paper's codes (``population/operators.py``) and the parameters, whose defaults are the fields of
+``population.OperatorParams`` (``--populora.evolution.params.<operator>_<param>``):
+
+- ``copy_parent`` (control): the child equals the parent.
+- M1 ``gaussian(scale)``: ``X <- X + scale * std(X) * N`` for every A and B tensor. A tensor of zeros
   (e.g. a freshly initialised B) has std 0 and is left unchanged.
-- ``layer_gaussian(scale=0.1, fraction=0.25)``: the same noise on the modules of a random subset of
+- M2 ``layer_gaussian(scale, fraction)``: the same noise on the modules of a random subset of
   ``max(1, round(fraction * L))`` of the ``L`` transformer layers; the other layers are copied.
-- ``sv_lognormal(sigma=0.1)``: ``S <- S * exp(sigma * N)`` per singular value, same singular vectors.
-- ``subspace_rotation(angle=0.05)``: tilt ``U`` (and ``V``) towards random directions orthogonal to it:
+- M3 ``sv_lognormal(sigma)``: ``S <- S * exp(sigma * N)`` per singular value, same singular vectors.
+- M4 ``subspace_rotation(angle)``: tilt ``U`` (and ``V``) towards random directions orthogonal to it:
   ``U <- qr(U + angle * G)`` where each column of ``G`` is a unit-norm random direction in the orthogonal
   complement of ``span(U)`` (sign fixed so the new basis stays close to ``U``); ``S`` is unchanged, so the
   delta keeps its Frobenius norm while its singular subspaces turn by about ``angle`` radians.
-- ``drop_components(p=0.1)``: zero each singular component independently with probability ``p`` (the
+- M5 ``drop_components(p)``: zero each singular component independently with probability ``p`` (the
   top component of a module is kept if all would be dropped).
-- ``rescale(sigma=0.1, factor=None)``: ``delta <- c * delta`` with one ``c = exp(sigma * N)`` for the whole
-  adapter (or ``c = factor``), applied as ``sqrt(c)`` on both factors.
+- M6 ``rescale(sigma, factor=None)``: ``delta <- c * delta`` with one ``c = exp(sigma * N)`` for the whole
+  adapter (or a given ``c = factor``), applied as ``sqrt(c)`` on both factors.
+
+The parameters' ranges are checked by ``population.operator_params`` before an operator runs.
 """
 
 from __future__ import annotations
@@ -68,16 +73,12 @@ def copy_parent(parent: Adapter, pairs: list[LoraPair], gen: torch.Generator,
 
 
 def gaussian(parent: Adapter, pairs: list[LoraPair], gen: torch.Generator, info: dict,
-             scale: float = 0.05) -> dict[str, Tensor]:
-    _check_nonnegative(scale=scale)
+             scale: float) -> dict[str, Tensor]:
     return {key: _noisy(tensor, scale, gen) for key, tensor in parent.items()}
 
 
 def layer_gaussian(parent: Adapter, pairs: list[LoraPair], gen: torch.Generator, info: dict,
-                   scale: float = 0.1, fraction: float = 0.25) -> dict[str, Tensor]:
-    _check_nonnegative(scale=scale)
-    if not 0.0 < fraction <= 1.0:
-        raise ValueError(f"layer_gaussian: fraction must be in (0, 1], got {fraction}")
+                   scale: float, fraction: float) -> dict[str, Tensor]:
     layers = list(dict.fromkeys(pair.layer for pair in pairs))
     count = max(1, round(fraction * len(layers)))
     chosen = {layers[i] for i in torch.randperm(len(layers), generator=gen)[:count].tolist()}
@@ -91,9 +92,7 @@ def layer_gaussian(parent: Adapter, pairs: list[LoraPair], gen: torch.Generator,
 
 
 def sv_lognormal(parent: Adapter, pairs: list[LoraPair], gen: torch.Generator, info: dict,
-                 sigma: float = 0.1) -> dict[str, Tensor]:
-    _check_nonnegative(sigma=sigma)
-
+                 sigma: float) -> dict[str, Tensor]:
     def fn(b: Tensor, a: Tensor) -> tuple[Tensor, Tensor]:
         u, s, v = svd_form(b, a)
         return from_svd(u, s * torch.exp(sigma * _normal(tuple(s.shape), gen, s)), v)
@@ -114,9 +113,7 @@ def _tilt(u: Tensor, angle: float, gen: torch.Generator) -> Tensor:
 
 
 def subspace_rotation(parent: Adapter, pairs: list[LoraPair], gen: torch.Generator, info: dict,
-                      angle: float = 0.05) -> dict[str, Tensor]:
-    _check_nonnegative(angle=angle)
-
+                      angle: float) -> dict[str, Tensor]:
     def fn(b: Tensor, a: Tensor) -> tuple[Tensor, Tensor]:
         u, s, v = svd_form(b, a)
         return from_svd(_tilt(u, angle, gen), s, _tilt(v, angle, gen))
@@ -125,9 +122,7 @@ def subspace_rotation(parent: Adapter, pairs: list[LoraPair], gen: torch.Generat
 
 
 def drop_components(parent: Adapter, pairs: list[LoraPair], gen: torch.Generator, info: dict,
-                    p: float = 0.1) -> dict[str, Tensor]:
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"drop_components: p must be in [0, 1), got {p}")
+                    p: float) -> dict[str, Tensor]:
     dropped = [0, 0]
 
     def fn(b: Tensor, a: Tensor) -> tuple[Tensor, Tensor]:
@@ -145,8 +140,7 @@ def drop_components(parent: Adapter, pairs: list[LoraPair], gen: torch.Generator
 
 
 def rescale(parent: Adapter, pairs: list[LoraPair], gen: torch.Generator, info: dict,
-            sigma: float = 0.1, factor: float | None = None) -> dict[str, Tensor]:
-    _check_nonnegative(sigma=sigma)
+            sigma: float, factor: float | None = None) -> dict[str, Tensor]:
     if factor is None:
         factor = math.exp(sigma * float(torch.randn((), generator=gen, dtype=torch.float64)))
     if not (math.isfinite(factor) and factor > 0):
@@ -155,12 +149,6 @@ def rescale(parent: Adapter, pairs: list[LoraPair], gen: torch.Generator, info: 
     root = math.sqrt(factor)
     return {key: (tensor.to(compute_dtype(tensor.dtype)) * root).to(tensor.dtype)
             for key, tensor in parent.items()}
-
-
-def _check_nonnegative(**values: float) -> None:
-    for name, value in values.items():
-        if not (math.isfinite(value) and value >= 0):
-            raise ValueError(f"{name} must be finite and >= 0, got {value}")
 
 
 MUTATIONS: dict[str, Callable[..., dict[str, Tensor]]] = {

@@ -90,7 +90,8 @@ EVOLUTION_FIELDS = {
     "replaced": "id of the member removed",
     "child": "id of the new member",
     "parents": "list of parent ids (one for a mutation, two for a crossover)",
-    "operator": "operator name (e.g. M1, X3)",
+    "operator": "operator's readable name (e.g. gaussian, svd_mean; population/operators.py)",
+    "operator_code": "the same operator in the paper's numbering (M1-M6, X1-X9; the controls keep their names)",
     "role": "teacher or student",
     "truncation_energy": "fraction of the update energy kept by the rank-r re-factorisation (optional)",
 }

@@ -7,11 +7,17 @@ Pure logic (stdlib + the rating packages); no torch and no engine. The tensor si
 from openrlhf_populora.population.matchmaking import STRATEGIES, Matchup, matchmake, pfsp_weight
 from openrlhf_populora.population.members import ROLES, Member, Population
 from openrlhf_populora.population.operators import (
+    CONTROLS,
     CROSSOVER_NAMES,
     FITNESS_AWARE,
     MUTATION_NAMES,
+    OPERATOR_CODES,
     TWO_PARENT_ONLY,
+    OperatorParams,
+    canonical_operator,
+    operator_code,
     operator_kind,
+    operator_params,
 )
 from openrlhf_populora.population.ratings import (
     BACKENDS,
@@ -31,9 +37,10 @@ from openrlhf_populora.population.selection import (
 )
 
 __all__ = [
-    "BACKENDS", "CROSSOVER_NAMES", "FITNESS_AWARE", "MUTATION_NAMES", "ROLES", "STRATEGIES",
-    "TWO_PARENT_ONLY",
-    "EvolutionAction", "EvolutionConfig", "Matchup", "Member", "OpenSkillRatings", "Population", "Ratings",
-    "TrueSkillRatings", "apply_plan", "default_operator_menu", "make_ratings", "matchmake", "operator_kind",
-    "outcomes_from_solve_rates", "pfsp_weight", "plan_evolution", "should_evolve",
+    "BACKENDS", "CONTROLS", "CROSSOVER_NAMES", "FITNESS_AWARE", "MUTATION_NAMES", "OPERATOR_CODES", "ROLES",
+    "STRATEGIES", "TWO_PARENT_ONLY",
+    "EvolutionAction", "EvolutionConfig", "Matchup", "Member", "OpenSkillRatings", "OperatorParams", "Population",
+    "Ratings", "TrueSkillRatings", "apply_plan", "canonical_operator", "default_operator_menu", "make_ratings",
+    "matchmake", "operator_code", "operator_kind", "operator_params", "outcomes_from_solve_rates", "pfsp_weight",
+    "plan_evolution", "should_evolve",
 ]

@@ -8,9 +8,11 @@
 2. **Protect** the top ``elites`` and every member younger than ``min_age`` steps.
 3. **Replace** ``n = max(1, floor(replace_fraction * N))`` members (``0`` if ``replace_fraction == 0``), the
    lowest-ranked unprotected ones, but never so many that fewer than one member (and never fewer than the
-   elites) survives. So a role with one member never evolves.
-4. For each replaced member, sample an operator from the weighted menu. A crossover needs two distinct
-   survivors (if there is only one, the operator is re-drawn among the menu's mutations).
+   elites) survives (:meth:`EvolutionConfig.replacements`). So a role with one member never evolves, and a
+   population in which no role can evolve is a configuration error while evolution is enabled.
+4. For each replaced member, sample an operator from the weighted menu (readable names or the paper's codes,
+   ``population/operators.py``). A crossover needs two distinct survivors (if there is only one, the operator
+   is re-drawn among the menu's mutations). The operator's parameters come from ``evolution.params``.
 5. **Parents** come from the survivors by tournament: draw ``tournament_size`` survivors uniformly without
    replacement, keep the best; a crossover's second parent is drawn the same way from the remaining
    survivors. Parents are listed best first (``extrapolate`` and ``sv_splice`` rely on this).
@@ -32,15 +34,20 @@ from openrlhf_populora.population.operators import (
     CROSSOVER_NAMES,
     FITNESS_AWARE,
     MUTATION_NAMES,
+    OperatorParams,
+    canonical_operator,
+    operator_code,
     operator_kind,
 )
 
 
 def default_operator_menu() -> dict[str, float]:
-    """Default sampling weights: mostly exact crossovers and gentle mutations; the controls off."""
+    """Default sampling weights over M1-M6 and X1-X9: mostly exact crossovers and gentle mutations. The controls
+    (``copy_parent``, ``linear_0_5``) are off: they are the retention study's references, not evolution; name
+    them in ``--populora.evolution.operators`` to use them."""
     return {"gaussian": 1.0, "layer_gaussian": 0.5, "sv_lognormal": 1.0, "subspace_rotation": 0.5,
             "drop_components": 0.25, "rescale": 0.25, "svd_mean": 1.0, "svd_fitness": 1.0, "layer_swap": 0.5,
-            "ties": 0.5, "dare": 0.5, "sv_splice": 0.5, "extrapolate": 0.5, "slerp": 0.5}
+            "ties": 0.5, "dare": 0.5, "sv_splice": 0.5, "extrapolate": 0.5, "slerp": 0.5, "task_arithmetic": 0.5}
 
 
 @dataclass
@@ -53,8 +60,10 @@ class EvolutionConfig:
     elites: int = 1  # top members per role that are never replaced
     min_age: int | None = None  # steps a member must live before it can be replaced; None: evolve_every
     tournament_size: int = 2  # parent selection pressure (1 = uniform among survivors)
-    operators: dict = field(default_factory=default_operator_menu)  # name -> sampling weight
-    fitness_temperature: float = 1.0  # softmax temperature of svd_fitness weights (rating units)
+    operators: dict = field(default_factory=default_operator_menu, metadata={
+        "help": "operator -> sampling weight, as YAML, by readable name or the paper's code (M1-M6, X1-X9), "
+                "controls copy_parent and linear_0_5 included"})
+    params: OperatorParams = field(default_factory=OperatorParams)
 
     def validate(self) -> None:
         if self.evolve_every <= 0:
@@ -65,12 +74,15 @@ class EvolutionConfig:
             raise ValueError("evolution.elites must be >= 0 and evolution.tournament_size >= 1")
         if self.min_age is not None and self.min_age < 0:
             raise ValueError(f"evolution.min_age must be >= 0, got {self.min_age}")
-        if self.fitness_temperature <= 0:
-            raise ValueError(f"evolution.fitness_temperature must be > 0, got {self.fitness_temperature}")
+        self.params.validate()
         if not isinstance(self.operators, dict) or not self.operators:
             raise ValueError("evolution.operators must be a non-empty mapping of operator name -> weight")
+        seen: dict[str, str] = {}
         for name, weight in self.operators.items():
-            operator_kind(name)  # ValueError naming the unknown operator
+            canonical = canonical_operator(str(name))  # ValueError naming the unknown operator
+            if canonical in seen:
+                raise ValueError(f"evolution.operators names {canonical!r} twice ({seen[canonical]!r} and {name!r})")
+            seen[canonical] = name
             if not (isinstance(weight, (int, float)) and math.isfinite(weight) and weight >= 0):
                 raise ValueError(f"evolution.operators[{name!r}] must be a finite weight >= 0, "
                                  f"got {weight!r}")
@@ -80,6 +92,15 @@ class EvolutionConfig:
     @property
     def effective_min_age(self) -> int:
         return self.evolve_every if self.min_age is None else self.min_age
+
+    def menu(self) -> dict[str, float]:
+        """The operators with a positive weight, by readable name."""
+        return {canonical_operator(str(name)): float(w) for name, w in self.operators.items() if w > 0}
+
+    def replacements(self, role_size: int) -> int:
+        """How many members of a role with ``role_size`` members an evolution event replaces (at most)."""
+        n = 0 if self.replace_fraction == 0 else max(1, math.floor(self.replace_fraction * role_size))
+        return max(0, min(n, role_size - max(self.elites, 1)))
 
 
 @dataclass(frozen=True)
@@ -108,7 +129,8 @@ class EvolutionAction:
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "slot": self.slot, "replaced": self.replaced, "new_id": self.new_id,
-                "role": self.role, "operator": self.operator, "parents": list(self.parents),
+                "role": self.role, "operator": self.operator, "operator_code": operator_code(self.operator),
+                "parents": list(self.parents),
                 "parent_adapters": list(self.parent_adapters), "seed": self.seed, "params": dict(self.params)}
 
 
@@ -133,7 +155,8 @@ def plan_evolution(population: Population, ratings: Any, step: int, cfg: Evoluti
     if missing:
         raise ValueError(f"members without a rating: {', '.join(missing)}")
     rng = random.Random(f"{seed}:{step}")
-    menu = [name for name, w in cfg.operators.items() if w > 0]
+    weights = cfg.menu()
+    menu = list(weights)
     mutation_menu = [name for name in menu if name in MUTATION_NAMES]
     actions: list[EvolutionAction] = []
 
@@ -141,29 +164,27 @@ def plan_evolution(population: Population, ratings: Any, step: int, cfg: Evoluti
         group = [m for m in population.alive() if m.role == role]
         score = {m.id: ratings.conservative(m.id) for m in group}
         ranked = sorted(group, key=lambda m: (-score[m.id], m.id))
-        n_replace = 0 if cfg.replace_fraction == 0 else max(1, math.floor(cfg.replace_fraction * len(group)))
-        n_replace = min(n_replace, len(group) - max(cfg.elites, 1))
         eligible = [m for m in ranked[cfg.elites:] if m.age(step) >= cfg.effective_min_age]
-        victims = eligible[::-1][:max(n_replace, 0)]
+        victims = eligible[::-1][:cfg.replacements(len(group))]
         victim_ids = {m.id for m in victims}
         survivors = [m.id for m in ranked if m.id not in victim_ids]
         new_ids = population.next_ids(role, len(victims))
         for victim, new_id in zip(victims, new_ids, strict=True):
-            operator = rng.choices(menu, weights=[cfg.operators[n] for n in menu])[0]
+            operator = rng.choices(menu, weights=[weights[n] for n in menu])[0]
             if operator in CROSSOVER_NAMES and len(survivors) < 2:
                 if not mutation_menu:
                     raise ValueError(f"step {step}: role {role!r} has one survivor, so it needs a mutation, "
                                      f"but the operator menu has none")
-                operator = rng.choices(mutation_menu, weights=[cfg.operators[n] for n in mutation_menu])[0]
+                operator = rng.choices(mutation_menu, weights=[weights[n] for n in mutation_menu])[0]
             first = _tournament(survivors, cfg.tournament_size, score, rng)
             parents = [first]
             if operator in CROSSOVER_NAMES:
                 others = [m for m in survivors if m != first]
                 parents.append(_tournament(others, cfg.tournament_size, score, rng))
                 parents.sort(key=lambda m: (-score[m], m))
-            params: dict[str, Any] = {}
+            params: dict[str, Any] = cfg.params.for_operator(operator)
             if operator in FITNESS_AWARE:
-                params = {"fitness": [score[p] for p in parents], "temperature": cfg.fitness_temperature}
+                params["fitness"] = [score[p] for p in parents]
             actions.append(EvolutionAction(
                 step=step, slot=victim.adapter, replaced=victim.id, new_id=new_id, role=role,
                 operator=operator, parents=tuple(parents),
