@@ -98,6 +98,20 @@ def test_tensorboard_scalars(tmp_path):
     assert seen == {(1, "train/solve_rate"): 0.25, (1, "eval/humaneval/pass@1"): 0.5, (2, "train/solve_rate"): 0.75}
 
 
+def test_logging_steps_thin_tensorboard_but_not_the_jsonl(tmp_path):
+    from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+
+    with Tracker(tmp_path / "run", tensorboard_dir=tmp_path / "tb", logging_steps=2) as tracker:
+        for step in range(1, 6):
+            tracker.log(step, {"train/solve_rate": step / 10})
+    (path,) = (tmp_path / "tb").glob("events.out.tfevents.*")
+    steps = [event.step for event in LegacyEventFileLoader(str(path)).Load() if event.summary.value]
+    assert steps == [2, 4]
+    assert len((tmp_path / "run" / keys.METRICS_FILE).read_text().splitlines()) == 5
+    with pytest.raises(ValueError, match="logging_steps"):
+        Tracker(tmp_path / "other", logging_steps=0)
+
+
 @pytest.mark.slow
 def test_wandb_offline(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from openrlhf_populora.config import Config
-from openrlhf_populora.engines.local import LocalEngine, LocalEngineConfig
-from openrlhf_populora.selfplay.runner import run
+from openrlhf_populora.engines.local import LocalEngineConfig
 from openrlhf_populora.engines.scripted import scripted_engine
+from openrlhf_populora.selfplay.runner import run
 
 pytestmark = pytest.mark.slow
 

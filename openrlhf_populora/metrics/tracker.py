@@ -7,7 +7,8 @@ a file that ends in such a partial line gets a newline before the next record.
 
 TensorBoard uses the ``tensorboard`` package's own event writer (no torch); W&B is imported lazily and
 works in offline mode (``{"mode": "offline"}``). Both receive the numeric values of ``log`` under the same
-keys as ``metrics.jsonl``; strings and missing values go to the JSONL only.
+keys as ``metrics.jsonl``, every ``logging_steps``-th step (``--logger.logging_steps``, as in OpenRLHF);
+strings and missing values go to the JSONL only, which gets every step.
 """
 
 from __future__ import annotations
@@ -166,10 +167,15 @@ class Tracker:
     """Writes a run directory. ``tensorboard_dir``: also write TensorBoard scalars there. ``wandb``: also log
     to W&B, with these ``wandb.init`` settings (``project``, ``entity``/``org``, ``group``, ``name``/
     ``run_name``, ``mode`` (``online``/``offline``/``disabled``), ``config``, ``key``, ``dir`` (default
-    ``run_dir``), ...). ``meta`` is merged into ``run_meta.json`` (e.g. ``{"label": ..., "mode": ...}``)."""
+    ``run_dir``), ...). ``meta`` is merged into ``run_meta.json`` (e.g. ``{"label": ..., "mode": ...}``).
+    ``logging_steps``: TensorBoard and W&B get the steps that are multiples of it (``metrics.jsonl`` all)."""
 
     def __init__(self, run_dir: str | Path, tensorboard_dir: str | Path | None = None,
-                 wandb: Mapping[str, Any] | None = None, meta: Mapping[str, Any] | None = None) -> None:
+                 wandb: Mapping[str, Any] | None = None, meta: Mapping[str, Any] | None = None,
+                 logging_steps: int = 1) -> None:
+        if isinstance(logging_steps, bool) or not isinstance(logging_steps, int) or logging_steps < 1:
+            raise ValueError(f"logging_steps must be an int >= 1, got {logging_steps!r}")
+        self.logging_steps = logging_steps
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._metrics = _JsonlAppender(self.run_dir / METRICS_FILE)
@@ -213,8 +219,8 @@ class Tracker:
                 raise ValueError(f"{key!r} is reserved in a step record")
             record[key] = clean_value(key, value)
         self._metrics.write(record)
-        scalars = {k: float(v) for k, v in record.items()
-                   if k not in (STEP, TIME) and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        scalars = {k: float(v) for k, v in record.items() if step % self.logging_steps == 0
+                   and k not in (STEP, TIME) and isinstance(v, (int, float)) and not isinstance(v, bool)}
         if self._tb is not None and scalars:
             self._tb.log(step, scalars, wall)
         if self._wandb is not None and scalars:
