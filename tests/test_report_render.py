@@ -1,6 +1,7 @@
 """The report: every figure from synthetic runs (baseline + evolving population), truncated, empty and old runs."""
 
 import json
+from pathlib import Path
 
 import matplotlib.image
 import numpy as np
@@ -145,7 +146,28 @@ def test_median_problem_is_deterministic_and_short():
 
 
 @pytest.mark.slow
-def test_cli_synthetic_smoke(tmp_path):
+def test_cli_synthetic_smoke(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    stamped = {}
+    original = Figure.savefig
+
+    def savefig(fig, path, *args, **kwargs):  # record whether each saved figure carries the synthetic stamp
+        stamped[Path(path).name] = any(t.get_text() == plots.SYNTHETIC_MARK for t in fig.texts)
+        return original(fig, path, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
     assert report_main(["--synthetic", "--out", str(tmp_path), "--quiet", "--dpi", "40", "--smooth", "2"]) == 0
-    assert (tmp_path / "summary.md").exists()
+    assert "**Synthetic data**" in (tmp_path / "summary.md").read_text()
     assert_png(tmp_path / "training_dynamics.png")
+    assert stamped and all(stamped.values()), stamped
+    assert "synthetic population 3T3S final" in (tmp_path / "summary.md").read_text()
+
+
+@pytest.mark.slow
+def test_real_runs_are_not_stamped_synthetic(tmp_path):
+    run = write_synthetic_run(tmp_path / "run", steps=6, seed=3)
+    meta = json.loads((run / "run_meta.json").read_text())
+    (run / "run_meta.json").write_text(json.dumps({**meta, "synthetic": False}))
+    result = render_report([run], tmp_path / "out", dpi=40)
+    assert "Synthetic data" not in result.summary.read_text()

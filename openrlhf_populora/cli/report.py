@@ -36,8 +36,9 @@ def main(argv: list[str] | None = None) -> int:
         from openrlhf_populora.metrics.synthetic import write_synthetic_run
 
         root = args.out / "synthetic_runs"
-        run_dirs += [write_synthetic_run(root / "baseline", mode="baseline", seed=1, label="baseline"),
-                     write_synthetic_run(root / "population", mode="population", seed=2, label="population 3T3S")]
+        run_dirs += [write_synthetic_run(root / "baseline", mode="baseline", seed=1, label="synthetic baseline"),
+                     write_synthetic_run(root / "population", mode="population", seed=2,
+                                         label="synthetic population 3T3S")]
     if not run_dirs:
         print("error: give at least one RUN_DIR (or --synthetic)", file=sys.stderr)
         return 2

@@ -43,6 +43,15 @@ class Skip(Exception):
     """This figure cannot be drawn from the data at hand (the message says why)."""
 
 
+SYNTHETIC_MARK = "SYNTHETIC DATA: not a real run"
+
+
+def mark_synthetic(fig: Figure) -> None:
+    """Stamp a figure drawn from synthetic runs, across its middle, so it cannot pass for a measurement."""
+    fig.text(0.5, 0.5, SYNTHETIC_MARK, ha="center", va="center", rotation=20, fontsize=22, color="red",
+             alpha=0.35, weight="bold", zorder=1000)
+
+
 def smooth(values: np.ndarray, window: int) -> np.ndarray:
     """Trailing moving average over ``window`` points (fewer at the start); ``window <= 1`` is the identity."""
     values = np.asarray(values, dtype=float)

@@ -73,6 +73,7 @@ class RunData:
     records: dict[int, dict[str, Any]]
     events: list[dict[str, Any]]
     warnings: list[str] = field(default_factory=list)
+    synthetic: bool = False  # written by metrics.synthetic (``run_meta.json`` says so): not a real run
     _problems: list[dict[str, Any]] | None = None
     _keys: set[str] | None = None
 
@@ -207,4 +208,5 @@ def load_run(path: str | Path, label: str | None = None) -> RunData:
     events = read_jsonl(path / EVENTS_FILE, warnings)
     mode = meta.get("mode") if isinstance(meta.get("mode"), str) else _mode_from_config(path)
     name = label or (meta.get("label") if isinstance(meta.get("label"), str) else None) or path.name
-    return RunData(path=path, label=name, mode=mode, records=dict(records), events=events, warnings=warnings)
+    return RunData(path=path, label=name, mode=mode, records=dict(records), events=events, warnings=warnings,
+                   synthetic=meta.get("synthetic") is True)

@@ -70,7 +70,8 @@ def write_synthetic_run(run_dir: str | Path, mode: str = "population", steps: in
     next_id = {"teacher": len(teachers), "student": len(students)}
     mu = {("teacher", m): 25.0 for m in teachers} | {("student", m): 25.0 for m in students}
     coverage, distinct = 0.0, 0
-    with Tracker(run_dir, meta={"label": label or run_dir.name, "mode": mode}) as tracker:
+    meta = {"label": label or run_dir.name, "mode": mode, "synthetic": True}
+    with Tracker(run_dir, meta=meta) as tracker:
         for step in range(1, steps + 1):
             frac = step / steps
             if baseline:
