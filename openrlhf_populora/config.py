@@ -91,6 +91,9 @@ class RolloutConfig:
 @dataclass
 class TrainConfig:
     seed: int = 42
+    max_epochs: int = field(default=1, metadata={
+        "help": "policy updates per self-play step on the step's samples (PPO epochs); from the second on the "
+                "ratio to the sampling policy moves and --actor.eps_clip acts"})
 
 
 @dataclass
@@ -114,7 +117,8 @@ class WandbConfig:
 
 @dataclass
 class LoggerConfig:
-    logging_steps: int = 1
+    logging_steps: int = field(default=1, metadata={
+        "help": "send every N-th step to TensorBoard / W&B and the log (metrics.jsonl gets every step)"})
     tensorboard_dir: str | None = None
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
@@ -148,7 +152,7 @@ class PopuLoRAConfig:
     seed_tasks: int = field(default=8, metadata={"help": "tasks per type gathered from the base model before step 1"})
     seed_max_rounds: int = field(default=4, metadata={"help": "proposal rounds allowed for seeding"})
     seed_file: str | None = field(default=None, metadata={"help": "JSONL of seed tasks instead of seeding"})
-    buffer_capacity: int = 16384
+    buffer_capacity: int = field(default=16384, metadata={"help": "tasks kept per task type (oldest dropped first)"})
     recency_window: int = field(default=1, metadata={"help": "solver batches prefer tasks from the last N steps"})
     matchmaking: str = field(default="pfsp_hard",
                              metadata=_choices("pfsp_hard", "pfsp_variance", "random", "round_robin"))
@@ -172,6 +176,12 @@ class PopuLoRAConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     evolution: EvolutionConfig = field(default_factory=EvolutionConfig)
     report: bool = field(default=True, metadata={"help": "render the run's figures at the end"})
+    baseline_for: str | None = field(default=None, metadata={
+        "help": "baseline mode: the population preset (a name in configs/, e.g. 4t4s, or a YAML path) this "
+                "baseline is compute-matched to; its settings are loaded under --config and the flags, except "
+                "the population's shape (num_teachers, num_students, matchmaking, rating, evolution) and the "
+                "run's ckpt/logger sections, so the one adapter proposes as much as one teacher and answers as "
+                "much as one student per step, with the same model, LoRA, optimizer and sampling"})
 
     def teacher_reward_mode(self) -> str:
         """The teacher reward rule in effect: ``teacher_reward``, with ``auto`` resolved by ``mode``."""
@@ -196,14 +206,37 @@ class Config:
         positive = {
             "populora.total_steps": p.total_steps, "populora.proposals_per_teacher": p.proposals_per_teacher,
             "populora.solver_tasks": p.solver_tasks, "populora.solver_samples": p.solver_samples,
-            "ds.lora.rank": self.ds.lora.rank, "rollout.max_new_tokens": self.rollout.max_new_tokens,
+            "ds.lora.rank": self.ds.lora.rank, "ds.lora.alpha": self.ds.lora.alpha,
+            "rollout.max_new_tokens": self.rollout.max_new_tokens,
             "actor.micro_batch_size": self.actor.micro_batch_size, "populora.sandbox.workers": p.sandbox.workers,
+            "populora.buffer_capacity": p.buffer_capacity, "populora.seed_tasks": p.seed_tasks,
+            "populora.seed_max_rounds": p.seed_max_rounds, "train.max_epochs": self.train.max_epochs,
+            "logger.logging_steps": self.logger.logging_steps, "ckpt.max_num": self.ckpt.max_num,
         }
         for name, value in positive.items():
             if value <= 0:
                 raise ValueError(f"--{name} must be > 0, got {value}")
+        for name, value in {"populora.references": p.references, "populora.recency_window": p.recency_window,
+                            "populora.num_threads": p.num_threads}.items():
+            if value < 0:
+                raise ValueError(f"--{name} must be >= 0, got {value}")
+        if not 0.0 <= self.ds.lora.dropout < 1.0:
+            raise ValueError(f"--ds.lora.dropout must be in [0, 1), got {self.ds.lora.dropout}")
+        if not self.ds.lora.target_modules:
+            raise ValueError("--ds.lora.target_modules must name at least one module (or all-linear)")
         if p.mode == "population" and (p.num_teachers < 1 or p.num_students < 1):
             raise ValueError("population mode needs --populora.num_teachers >= 1 and --populora.num_students >= 1")
+        if p.baseline_for and p.mode != "baseline":
+            raise ValueError(f"--populora.baseline_for {p.baseline_for} names the population a baseline is matched "
+                             f"to; it needs --populora.mode baseline")
+        if p.mode == "population" and p.evolution.enabled and not any(
+                p.evolution.replacements(n) for n in (p.num_teachers, p.num_students)):
+            raise ValueError(
+                f"evolution is enabled but can never replace anyone: with {p.num_teachers} teacher(s), "
+                f"{p.num_students} student(s), evolution.elites {p.evolution.elites} and evolution.replace_fraction "
+                f"{p.evolution.replace_fraction}, every role keeps all its members. Pass "
+                f"--populora.evolution.enabled false (1 teacher + 1 student has nothing to evolve), or give a role "
+                f"at least {max(p.evolution.elites, 1) + 1} members")
         if not p.task_types:
             raise ValueError("--populora.task_types must name at least one task type")
         for task_type in p.task_types:
@@ -271,6 +304,19 @@ def _parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got {text!r}")
 
 
+def _yaml_mapping(text: str) -> dict:
+    """A flag's value as a YAML mapping (``'{gaussian: 1.0, X1: 2}'``); argparse reports a bad one as usual."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        where = f" (line {err.problem_mark.line + 1}, column {err.problem_mark.column + 1})" \
+            if getattr(err, "problem_mark", None) else ""
+        raise argparse.ArgumentTypeError(f"not valid YAML{where}: {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a YAML mapping such as '{{name: 1.0}}', got {text!r}")
+    return value
+
+
 def add_flag(parser: argparse.ArgumentParser, name: str, f: dataclasses.Field, tp: Any) -> None:
     """Add ``--<name>`` for one config leaf (default SUPPRESS: absent unless passed). Both engines' parsers use it."""
     base, _ = _unwrap_optional(tp)
@@ -288,7 +334,7 @@ def add_flag(parser: argparse.ArgumentParser, name: str, f: dataclasses.Field, t
     elif base in (int, float, str):
         kwargs["type"] = base
     elif isinstance(base, type) and issubclass(base, dict):
-        kwargs["type"] = yaml.safe_load
+        kwargs["type"] = _yaml_mapping
     else:
         raise TypeError(f"config field {name} has an unsupported type {tp!r}")
     default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
@@ -316,6 +362,7 @@ class _SuggestingParser(argparse.ArgumentParser):
 
 def build_parser(prog: str = "python -m openrlhf_populora.cli.train") -> argparse.ArgumentParser:
     parser = _SuggestingParser(prog=prog, allow_abbrev=False,
+                               usage="%(prog)s [--config PRESET.yaml] [--<section>.<name> VALUE ...] (--help lists all)",
                                description="PopuLoRA population self-play (OpenRLHF-style dotted flags).")
     parser.add_argument("--config", default=None, help="YAML preset (configs/*.yaml); flags override it")
     for name, f, tp in iter_fields(Config):
@@ -385,7 +432,10 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"config file not found: {path}")
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping of config sections, got {type(data).__name__}")
     flat = _flatten(data)
@@ -399,23 +449,62 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return out
 
 
+PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"  # the presets, in a source checkout
+
+# what a baseline does not take from the population preset it is matched to (--populora.baseline_for): the
+# population's shape and the run's own directory and loggers
+_NOT_MATCHED = ("ckpt.", "logger.", "populora.mode", "populora.num_teachers", "populora.num_students",
+                "populora.matchmaking", "populora.rating", "populora.evolution.", "populora.baseline_for")
+
+
+def resolve_preset(name: str, near: str | Path | None = None) -> Path:
+    """A preset given as a YAML path, or as a name: ``<name>.yaml`` beside ``near`` (the preset that names it),
+    then in ``./configs``, then in this package's source checkout. ValueError listing where it looked."""
+    tried = [Path(name)]
+    if not name.endswith((".yaml", ".yml")):
+        tried += [Path(d) / f"{name}.yaml" for d in ([near] if near else []) + ["configs", PRESET_DIR]]
+    for path in tried:
+        if path.is_file():
+            return path
+    raise ValueError(f"no preset {name!r}: tried {', '.join(str(p) for p in tried)}")
+
+
+def matched_baseline_values(name: str, near: str | Path | None = None) -> dict[str, Any]:
+    """The settings a baseline takes from population preset ``name`` (flat dotted keys): everything but the
+    population's shape and the run's ``ckpt``/``logger`` sections (``_NOT_MATCHED``)."""
+    path = resolve_preset(name, near)
+    values = load_yaml(path)
+    if values.get("populora.mode", "population") != "population":
+        raise ValueError(f"--populora.baseline_for {name}: {path} is not a population preset")
+    return {k: v for k, v in values.items() if not k.startswith(_NOT_MATCHED)}
+
+
+def preset_layers(preset: str | None, flags: dict[str, Any]) -> list[dict[str, Any]]:
+    """The value layers under the command-line ``flags``, lowest first: the population preset a baseline is
+    matched to (``populora.baseline_for``, from the flags or the preset), then the ``--config`` preset."""
+    own = load_yaml(preset) if preset else {}
+    target = flags.get("populora.baseline_for", own.get("populora.baseline_for"))
+    near = Path(preset).parent if preset else None
+    return ([matched_baseline_values(target, near)] if target else []) + [own]
+
+
 def parse_config(argv: list[str] | None = None) -> Config:
     """Parse flags (and the ``--config`` preset they name) into a validated ``Config``.
 
-    Errors exit with status 2 and a message that names the flag, like any argparse error.
+    Precedence, lowest first: dataclass defaults, the population preset of ``--populora.baseline_for``, the
+    ``--config`` preset, the flags. Errors exit with status 2 and a message that names the flag, like any
+    argparse error.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
+    flags = {name: value for name, value in vars(args).items() if name != "config"}
     config = Config()
     try:
-        if args.config:
-            for name, value in load_yaml(args.config).items():
-                set_dotted(config, name, value)
-        for name, value in vars(args).items():
-            if name != "config":
+        for layer in [*preset_layers(args.config, flags), flags]:
+            for name, value in layer.items():
                 set_dotted(config, name, value)
         config.validate()
-    except ValueError as err:
+    except (ValueError, yaml.YAMLError) as err:
         parser.error(str(err))
     return config
 

@@ -49,6 +49,23 @@ def test_openrlhf_flag_names_are_accepted():
     (["--populora.evolution.operators", "{nope: 1}"], "nope"),
     (["--config", "configs/missing.yaml"], "config file not found"),
     (["--actor.eps_clip_low_high", "0.2", "1.5"], "both bounds must be in (0, 1)"),
+    # values that used to pass the parser and fail later, inside the run
+    (["--populora.buffer_capacity", "0"], "--populora.buffer_capacity must be > 0"),
+    (["--populora.references", "-1"], "--populora.references must be >= 0"),
+    (["--populora.seed_tasks", "0"], "--populora.seed_tasks must be > 0"),
+    (["--ds.lora.dropout", "1.0"], "--ds.lora.dropout must be in [0, 1)"),
+    (["--train.max_epochs", "0"], "--train.max_epochs must be > 0"),
+    (["--logger.logging_steps", "0"], "--logger.logging_steps must be > 0"),
+    (["--populora.evolution.params.ties_density", "0"], "evolution.params.ties_density must be in (0, 1]"),
+    # malformed YAML in a mapping flag: argparse's message, not a YAML traceback
+    (["--populora.evolution.operators", "{bad:"], "not valid YAML"),
+    (["--populora.evolution.operators", "[1, 2]"], "expected a YAML mapping"),
+    (["--populora.evolution.operators", "{M1: 1, gaussian: 1}"], "names 'gaussian' twice"),
+    # a population in which nothing can evolve, with evolution on
+    (["--populora.num_teachers", "1", "--populora.num_students", "1"], "--populora.evolution.enabled false"),
+    (["--populora.baseline_for", "4t4s"], "it needs --populora.mode baseline"),
+    (["--populora.mode", "baseline", "--populora.baseline_for", "9t9s"], "no preset '9t9s'"),
+    (["--populora.mode", "baseline", "--populora.baseline_for", "baseline"], "is not a population preset"),
 ])
 def test_bad_flags_exit_2_with_a_clear_message(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -80,10 +97,58 @@ def test_unknown_yaml_key_suggests_the_closest(tmp_path):
 
 def test_existing_run_is_never_overwritten(tmp_path, capsys):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
-    with pytest.raises(SystemExit) as exc:
-        main(["--actor.model_name_or_path", "tiny", "--ckpt.output_dir", str(tmp_path)])
-    assert "already holds a run" in str(exc.value)
+    assert main(["--actor.model_name_or_path", "tiny", "--ckpt.output_dir", str(tmp_path)]) == 2
+    assert "already holds a run" in capsys.readouterr().err
     assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1}\n'
+
+
+def test_resuming_a_run_without_a_checkpoint_is_refused(tmp_path, capsys):
+    """Starting over inside it would append a second step 1 to its metrics.jsonl."""
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    assert main(["--actor.model_name_or_path", "tiny", "--ckpt.output_dir", str(tmp_path),
+                 "--ckpt.load_enable"]) == 2
+    assert "no checkpoint" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
+
+
+def test_resume_flag_on_a_new_directory_starts_a_run():
+    """A preemptible job's command line always asks to resume; its first start has nothing to resume."""
+    from openrlhf_populora.selfplay.runner import check_run_dir
+
+    check_run_dir(parse_config(["--ckpt.output_dir", "/nonexistent/new-run", "--ckpt.load_enable"]))
+
+
+def test_an_unknown_lora_target_is_exit_2_before_the_run_directory_is_touched(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert main(["--actor.model_name_or_path", "tiny", "--ds.lora.target_modules", "qproj",
+                 "--ckpt.output_dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "['qproj'] match no module" in err and "q_proj" in err and not run_dir.exists()
+
+
+@pytest.mark.parametrize("population", ["1t1s", "4t4s", "8t8s", "laptop"])
+def test_the_baseline_is_matched_per_adapter_to_its_population(population):
+    """Every setting that sets a member's compute and update equals the population preset's; the population's
+    shape does not come along. (configs/baseline.yaml used to propose 64 tasks a step against 16 per 4t4s
+    teacher.)"""
+    pop = parse_config(["--config", f"configs/{population}.yaml"])
+    base = parse_config(["--config", "configs/baseline.yaml", "--populora.baseline_for", population,
+                         "--ckpt.output_dir", "runs/b"])
+    assert base.populora.mode == "baseline" and base.populora.baseline_for == population
+    for section in ("actor", "ds", "rollout", "train"):
+        assert getattr(base, section) == getattr(pop, section), section
+    for name in ("task_types", "total_steps", "proposals_per_teacher", "solver_tasks", "solver_samples",
+                 "references", "seed_tasks", "seed_max_rounds", "seed_file", "prompts", "chat_template",
+                 "reward", "skip_zero_advantage", "recency_window", "buffer_capacity"):
+        assert getattr(base.populora, name) == getattr(pop.populora, name), name
+    assert base.ckpt.output_dir == "runs/b" and base.populora.teacher_reward_mode() == "learnability"
+    assert pop.populora.teacher_reward_mode() == "failure_rate"
+    assert parse_config(["--config", "configs/baseline.yaml"]).populora.baseline_for == "4t4s"
+
+
+def test_the_1t1s_preset_does_not_promise_evolution():
+    config = parse_config(["--config", "configs/1t1s.yaml"])
+    assert config.populora.evolution.enabled is False
 
 
 def test_config_round_trips_through_its_dict():

@@ -259,6 +259,34 @@ def test_lora_dropout_trains_with_recomputed_old_log_probs():
     assert any(not torch.equal(before[k], v) for k, v in engine.get_adapter("t0").items())
 
 
+def test_epochs_reuse_the_sampling_policy_as_old_so_the_clip_acts():
+    """--train.max_epochs 2: two updates per adapter per step against the log-probs of the policy that sampled
+    the trajectories. An engine that recomputed ``old`` before each epoch would equal two one-epoch steps bit for
+    bit, with a clip that never acts."""
+    epochs = make_engine(adapters=("t0", "s0"), max_epochs=2, lr=5e-2)
+    batch = trajectories(epochs, ["t0", "s0"])
+    stepwise = make_engine(adapters=("t0", "s0"), max_epochs=1, lr=5e-2)
+    stats = epochs.train_step(batch)
+    first = stepwise.train_step(batch)
+    stepwise.train_step(batch)
+    assert epochs.updates == stepwise.updates == 2
+    assert stats["t0"]["updates"] == 2.0 and first["t0"]["updates"] == 1.0
+    for name in ("t0", "s0"):
+        adam_steps = {int(v["step"]) for v in snapshot(epochs, name)[1].values()}
+        assert adam_steps == {2}
+        assert first[name]["clip_ratio"] == 0.0  # one update: the ratio is exactly 1
+        assert stats[name]["clip_ratio"] > 0.0  # the second epoch's ratio moved past 1 +- 0.2
+        assert not same_snapshot(snapshot(epochs, name), snapshot(stepwise, name))
+
+
+def test_one_epoch_is_the_single_update():
+    """max_epochs 1 must stay exactly the one-update step (same weights, Adam state and stats)."""
+    a, b = make_engine(max_epochs=1), make_engine()
+    batch = trajectories(a, ["t0", "t1"])
+    assert a.train_step(batch) == b.train_step(batch)
+    assert all(same_snapshot(snapshot(a, n), snapshot(b, n)) for n in ("t0", "t1"))
+
+
 def test_native_policy_loss_clips_like_ppo():
     logp = torch.tensor([[0.0, 0.5, -0.5]])
     old = torch.zeros(1, 3)

@@ -134,3 +134,70 @@ def test_training_metrics_stay_with_the_member_that_trained_when_evolution_repla
     assert set(out.trained) == set(out.train_stats)
     trained_grad_norms = [k for k in metrics if k.endswith("/grad_norm") and k.startswith("member/")]
     assert len(trained_grad_norms) == len(out.train_stats)
+
+
+def _valid_policy(adapter: str, prompt: str, sample: int, rng) -> str:
+    """Every proposal valid (the three programs in turn); answers right on x + 3 at even samples, never on
+    x * 2, always on the identity and on the seed tasks' even samples, so every group's rewards vary."""
+    if "## Task: write a new Python program" in prompt:
+        program, arguments = PROPOSALS[_CALLS["teacher"] % 3]
+        _CALLS["teacher"] += 1
+        return f"<think>p</think><answer>\n```python\n{program}\n```\n```input\n{arguments}\n```\n</answer>"
+    program = re.search(r"```python\n(.*?)\n```", prompt, re.S).group(1)
+    arguments = re.search(r"```input\n(.*?)\n```", prompt, re.S).group(1)
+    scope: dict = {}
+    exec(program, scope)  # the test's own programs and the shipped seed tasks: trusted
+    right = program.endswith("return x") or (not program.endswith("x * 2") and sample % 2 == 0)
+    value = repr(eval(f"f({arguments})", scope)) if right else "-12345"
+    return f"<think>t</think><answer>```output\n{value}\n```</answer>"
+
+
+def _work_per_adapter(tmp_path, task_sandbox, **populora) -> tuple[dict, dict, dict]:
+    """One step; per adapter: proposals generated, answers generated, and Adam steps taken."""
+    from openrlhf_populora.cli.train import build_engine
+
+    config = Config()
+    config.actor.model_name_or_path = "tiny"
+    config.ds.lora.rank = 2
+    config.rollout.max_new_tokens = 16
+    p = config.populora
+    p.task_types = ["code_o"]
+    p.proposals_per_teacher, p.solver_tasks, p.solver_samples = 2, 3, 2
+    p.seed_file = "configs/seeds/basic.jsonl"
+    p.matchmaking = "round_robin"
+    for key, value in populora.items():
+        setattr(p, key, value)
+    config.validate()
+    real = build_engine(config)
+    real.close()
+    proposals: dict[str, int] = {}
+    answers: dict[str, int] = {}
+
+    class Counting(scripted_engine(_valid_policy)):
+        def generate(self, requests, params):
+            for r in requests:
+                table = proposals if "## Task: write a new Python program" in r.prompt else answers
+                table[r.adapter] = table.get(r.adapter, 0) + r.n
+            return super().generate(requests, params)
+
+    engine = Counting(LocalEngineConfig(**{**real.config.__dict__, "model_name_or_path": resolve_model("tiny")}))
+    loop = SelfPlay(config, engine, task_sandbox, tmp_path)
+    loop.create_adapters()
+    loop.seed_buffers()
+    loop.run_step()
+    adam_steps = {name: {int(s["step"]) for s in opt.state.values()} for name, opt in engine._optimizers.items()}
+    return proposals, answers, adam_steps
+
+
+def test_the_baseline_does_one_teachers_and_one_students_work_per_step(tmp_path, task_sandbox, monkeypatch):
+    """Per-adapter compute matching, measured through the loop: with the same settings, the baseline's one
+    adapter generates exactly one teacher's proposals and one student's answers, and every adapter of either
+    run takes exactly one optimizer update."""
+    monkeypatch.setitem(_CALLS, "teacher", 0)
+    pop = _work_per_adapter(tmp_path / "pop", task_sandbox, num_teachers=2, num_students=2)
+    base = _work_per_adapter(tmp_path / "base", task_sandbox, mode="baseline")
+    proposals, answers, adam_steps = pop
+    assert proposals == {"t0": 2, "t1": 2}  # 2 proposals
+    assert answers == {"s0": 6, "s1": 6}  # 3 tasks (2 of its teacher's, 1 from the buffers) x 2 samples
+    assert base[0] == {"b0": proposals["t0"]} and base[1] == {"b0": answers["s0"]}
+    assert adam_steps == {"t0": {1}, "t1": {1}, "s0": {1}, "s1": {1}} and base[2] == {"b0": {1}}

@@ -35,6 +35,7 @@ def build_engine(config: Config):
 
     threads = config.populora.num_threads or (1 if config.populora.device == "cpu" else 0)
     clip_low, clip_high = config.actor.eps_clip_low_high or (config.actor.eps_clip, config.actor.eps_clip)
+    updates = config.populora.total_steps * config.train.max_epochs  # optimizer updates the LR schedule spans
     engine_config = LocalEngineConfig(
         model_name_or_path=resolve_model(config.actor.model_name_or_path),
         lora_rank=config.ds.lora.rank,
@@ -43,8 +44,8 @@ def build_engine(config: Config):
         lora_dropout=config.ds.lora.dropout,
         lr=config.actor.adam.lr,
         lr_scheduler=config.actor.lr_scheduler,
-        lr_warmup_steps=math.ceil(config.actor.lr_warmup_ratio * config.populora.total_steps),
-        lr_total_steps=config.populora.total_steps,
+        lr_warmup_steps=math.ceil(config.actor.lr_warmup_ratio * updates),
+        lr_total_steps=updates,
         min_lr_ratio=config.actor.min_lr_ratio,
         adam_betas=tuple(config.actor.adam.betas),
         adam_eps=config.actor.adam.eps,
@@ -59,6 +60,7 @@ def build_engine(config: Config):
         device=config.populora.device,
         num_threads=threads,
         micro_batch_size=config.actor.micro_batch_size,
+        max_epochs=config.train.max_epochs,
         seed=config.train.seed,
     )
     return LocalEngine(engine_config)
@@ -94,16 +96,28 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from openrlhf_populora.models.embedded import resolve_model
     from openrlhf_populora.models.shipped import ShippedModelError
-    from openrlhf_populora.selfplay.runner import claim_run_dir, run
+    from openrlhf_populora.selfplay.runner import RunDirError, check_run_dir, claim_run_dir, run
 
-    try:  # before the run directory is touched: a missing model loses nothing (a shipped one converts here, once)
+    # every check before the run directory is touched, so a mistake loses nothing: the directory, the model
+    # (a shipped one converts here, once), then the engine itself (LoRA target modules, dtype, device)
+    try:
+        check_run_dir(config)
+    except RunDirError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    try:
         resolve_model(config.actor.model_name_or_path)
     except (ValueError, ShippedModelError) as err:
         print(f"error: --actor.model_name_or_path: {err}", file=sys.stderr)
         return 2
+    try:
+        engine = build_engine(config)
+    except ValueError as err:
+        print(f"error: the engine refused this configuration: {err}", file=sys.stderr)
+        return 2
 
     lock = claim_run_dir(config)  # noqa: F841 - held until the process exits
-    return run(config, build_engine)
+    return run(config, lambda _config: engine)
 
 
 if __name__ == "__main__":

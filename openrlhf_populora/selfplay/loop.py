@@ -9,15 +9,17 @@ One step, for all task types at once so that generation batches are as large as 
                 topped up from the buffers' recent tasks to at least ``solver_tasks`` per type;
 5. **verify**   answers are verified in the sandbox; student reward = correctness (with format penalties),
                 teacher reward = failure rate of its matched students on its valid task;
-6. **train**    advantages whitened per (member, role, task type); one update for every adapter (samples
-                with advantage 0 carry no gradient and are left out unless ``skip_zero_advantage`` is off);
+6. **train**    advantages whitened per (member, role, task type); one update (``--train.max_epochs``) for
+                every adapter (samples with advantage 0 carry no gradient and are left out unless
+                ``skip_zero_advantage`` is off);
 7. **rate**     ratings updated from the matchups; every ``evolve_every`` steps the evolution plan replaces
                 the weakest members with mutated / crossed-over children (fresh optimizer state).
 
 The **baseline** (``mode: baseline``) is the same loop with one member playing both roles: it solves its
-own valid proposals, and its proposer reward is AZR's learnability. It is compute-matched *per adapter*:
-every step it generates as many proposals as one teacher and as many answers as one student, and takes one
-optimizer step, exactly like every member of the population.
+own valid proposals, and its proposer reward is AZR's learnability (``teacher_reward: auto``). It is
+compute-matched *per adapter*: with the population's settings (``--populora.baseline_for <preset>``) it
+generates as many proposals as one teacher and as many answers as one student every step, and takes the same
+``--train.max_epochs`` updates, exactly like every member of the population.
 
 Every random choice of step ``t`` comes from an RNG derived from ``(train.seed, t, purpose)``, so a run
 resumed from a checkpoint makes the same choices as an uninterrupted one.

@@ -27,14 +27,24 @@ from openrlhf_populora.selfplay.summary import problem_records, step_metrics
 log = logging.getLogger(__name__)
 
 
+class RunDirError(ValueError):
+    """The run directory cannot be used as asked (entry points report it with exit status 2)."""
+
+
 def check_run_dir(config: Config) -> None:
-    """Refuse to overwrite an existing run unless asked to resume it: nothing is ever lost silently."""
+    """Refuse what would lose or corrupt a run, before anything is written: an existing run without
+    ``--ckpt.load_enable``, and a resume of a run that has steps but no checkpoint (its steps would repeat).
+    ``--ckpt.load_enable`` on a directory without a run starts a new one (what a preemptible job's command
+    line, which always asks to resume, needs on its first start)."""
     run_dir = Path(config.ckpt.output_dir)
-    if (run_dir / "metrics.jsonl").exists() and not config.ckpt.load_enable:
-        raise SystemExit(
-            f"error: {run_dir} already holds a run (metrics.jsonl). Resume it with --ckpt.load_enable, "
-            f"or choose another --ckpt.output_dir."
-        )
+    has_run = (run_dir / "metrics.jsonl").exists()
+    if has_run and not config.ckpt.load_enable:
+        raise RunDirError(f"{run_dir} already holds a run (metrics.jsonl). Resume it with --ckpt.load_enable, "
+                          f"or choose another --ckpt.output_dir.")
+    if has_run and latest_checkpoint(config.checkpoint_dir) is None:
+        raise RunDirError(f"--ckpt.load_enable: {run_dir} holds a run (metrics.jsonl) but no checkpoint under "
+                          f"{config.checkpoint_dir}, so it cannot be resumed exactly; start it again in another "
+                          f"--ckpt.output_dir (or delete this one).")
 
 
 def _lock_run_dir(run_dir: Path):
@@ -82,7 +92,8 @@ def _make_tracker(config: Config, run_dir: Path) -> Tracker:
                  "name": w.run_name or run_dir.name, "mode": w.mode, "key": w.key,
                  "config": config.to_dict()}
     meta = {"mode": config.populora.mode, "label": run_dir.name}
-    return Tracker(run_dir, tensorboard_dir=config.logger.tensorboard_dir, wandb=wandb, meta=meta)
+    return Tracker(run_dir, tensorboard_dir=config.logger.tensorboard_dir, wandb=wandb, meta=meta,
+                   logging_steps=config.logger.logging_steps)
 
 
 def _export(loop: SelfPlay, run_dir: Path) -> None:
@@ -124,8 +135,8 @@ def run(config: Config, build_engine: Callable[[Config], Any], sandbox_factory: 
                 tracker.truncate_after(loop.step)
                 log.info("resumed from %s at step %d", checkpoint, loop.step)
             else:
-                if config.ckpt.load_enable:
-                    log.warning("--ckpt.load_enable: no checkpoint under %s, starting fresh", ckpt_root)
+                if config.ckpt.load_enable:  # check_run_dir refused a run with steps but no checkpoint
+                    log.info("--ckpt.load_enable: nothing to resume in %s, starting a new run", run_dir)
                 loop.create_adapters()
                 tic = time.perf_counter()
                 sizes = loop.seed_buffers()
@@ -148,7 +159,8 @@ def run(config: Config, build_engine: Callable[[Config], Any], sandbox_factory: 
                         tracker.log_event(output.step, {"kind": "evolution", **event})
                     bar.update(1)
                     bar.set_postfix(progress_postfix(metrics))
-                    log.info("step %d: %s", output.step, _one_line(metrics))
+                    if output.step % config.logger.logging_steps == 0:
+                        log.info("step %d: %s", output.step, _one_line(metrics))
                     if config.ckpt.save_steps > 0 and loop.step % config.ckpt.save_steps == 0:
                         checkpoint_now()
             except KeyboardInterrupt:

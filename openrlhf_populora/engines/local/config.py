@@ -53,6 +53,7 @@ class LocalEngineConfig:
     attn_implementation: str = "sdpa"  # --ds.attn_implementation (sdpa: one-token decode steps use grouped-query matmuls)
     num_threads: int | None = 1  # torch CPU threads; None or 0 leaves torch's default (2 shared cores thrash with more)
     micro_batch_size: int = 4  # responses per forward/backward in training (gradient accumulation)
+    max_epochs: int = 1  # --train.max_epochs: updates per train_step on the same trajectories (PPO epochs)
     generation_batch_size: int = 32  # rows decoded together
     share_prefill: bool = True  # one prefill per distinct (adapter, prompt), shared by its n samples
     share_prompts: bool = True  # training: one forward of a prompt shared by the responses that follow it
@@ -73,7 +74,7 @@ class LocalEngineConfig:
             raise ValueError(f"old_logprobs must be auto|recompute, got {self.old_logprobs!r}")
         if self.policy_loss not in ("auto", "openrlhf", "native"):
             raise ValueError(f"policy_loss must be auto|openrlhf|native, got {self.policy_loss!r}")
-        for name in ("micro_batch_size", "generation_batch_size"):
+        for name in ("micro_batch_size", "generation_batch_size", "max_epochs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.num_threads is not None and self.num_threads < 0:

@@ -82,6 +82,7 @@ class LocalEngine:
         if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer needs both an eos_token and a pad_token")
         self.stop_ids = self._stop_ids()
+        self._check_target_modules()
         self.peft = None  # the PeftModel wrapping self.base, created with the first adapter
         self._adapters: dict[str, dict[str, torch.nn.Parameter]] = {}  # name -> {peft key: parameter}
         self._optimizers: dict[str, torch.optim.Optimizer] = {}
@@ -111,6 +112,20 @@ class LocalEngine:
         if gen_eos is not None:
             ids.update([gen_eos] if isinstance(gen_eos, int) else gen_eos)
         return ids
+
+    def _check_target_modules(self) -> None:
+        """ValueError now, naming what the model has, for a LoRA target that matches none of its modules (peft
+        would raise only when the first adapter is made, and less clearly)."""
+        targets = self.config.lora_target_modules
+        if isinstance(targets, str) or list(targets) == ["all-linear"]:
+            return
+        names = [name for name, _ in self.base.named_modules()]
+        missing = [t for t in targets if not any(n == t or n.endswith(f".{t}") for n in names)]
+        if missing:
+            linear = sorted({n.rsplit(".", 1)[-1] for n, m in self.base.named_modules()
+                             if isinstance(m, torch.nn.Linear)})
+            raise ValueError(f"LoRA target modules {missing} match no module of this model; its linear layers are "
+                             f"{', '.join(linear)} (or use all-linear)")
 
     @property
     def device(self) -> torch.device:
@@ -337,31 +352,44 @@ class LocalEngine:
                 raise ValueError(f"trajectory for {t.adapter!r} has a non-finite advantage {t.advantage}")
 
     def train_step(self, trajectories: Sequence[Trajectory]) -> dict[str, dict[str, float]]:
-        """One update of every adapter in ``trajectories``, at the learning rate of update number
-        ``self.updates`` (the schedule counts train_step calls, so a child born by evolution follows the
-        run's schedule, not a fresh one)."""
+        """``max_epochs`` updates of every adapter in ``trajectories`` (one by default), each at the learning
+        rate of update number ``self.updates`` (the schedule counts updates, so a child born by evolution
+        follows the run's schedule, not a fresh one). Returns each adapter's diagnostics, averaged over the
+        epochs, with ``updates`` = the epochs taken."""
         self._check_trajectories(trajectories)
         c = self.config
-        lr = c.lr * lr_factor(c.lr_scheduler, self.updates, c.lr_warmup_steps, c.lr_total_steps, c.min_lr_ratio)
-        self.updates += 1
-        stats = self._accumulate(trajectories)
-        return {name: self._apply_update(name, lr, s, trajectories) for name, s in stats.items()}
+        old: list | None = None
+        epochs: list[dict[str, dict[str, float]]] = []
+        for _ in range(c.max_epochs):
+            lr = c.lr * lr_factor(c.lr_scheduler, self.updates, c.lr_warmup_steps, c.lr_total_steps,
+                                  c.min_lr_ratio)
+            self.updates += 1
+            stats, old = self._accumulate(trajectories, old)
+            epochs.append({name: self._apply_update(name, lr, s, trajectories) for name, s in stats.items()})
+        out = {}
+        for name in epochs[0] if epochs else []:
+            out[name] = {key: sum(e[name][key] for e in epochs) / len(epochs) for key in epochs[0][name]}
+            out[name]["updates"] = float(len(epochs))
+        return out
 
     def gradients(self, trajectories: Sequence[Trajectory]) -> dict[str, dict[str, torch.Tensor]]:
         """Each adapter's gradient of its loss on ``trajectories``, keyed like :meth:`get_adapter`, without
         clipping or updating anything (not in the protocol; for diagnostics and tests)."""
         self._check_trajectories(trajectories)
-        stats = self._accumulate(trajectories)
+        stats, _ = self._accumulate(trajectories)
         grads = {}
         for name in stats:
             grads[name] = {k: p.grad.detach().clone() for k, p in self._adapters[name].items()}
             self._optimizers[name].zero_grad(set_to_none=True)
         return grads
 
-    def _accumulate(self, trajectories: Sequence[Trajectory]) -> dict[str, dict[str, float]]:
-        """Fill the ``.grad`` of every adapter in ``trajectories`` (in adapter order) with its loss's gradient."""
+    def _accumulate(self, trajectories: Sequence[Trajectory], old: list | None = None
+                    ) -> tuple[dict[str, dict[str, float]], list]:
+        """Fill the ``.grad`` of every adapter in ``trajectories`` (in adapter order) with its loss's gradient,
+        against the old log-probs ``old`` (per micro-batch; None: the sampling policy, computed here). Returns
+        the per-adapter stats and the old log-probs used, for the next epoch."""
         if not trajectories:
-            return {}
+            return {}, []
         c = self.config
         names = [n for n in self._adapters if any(t.adapter == n for t in trajectories)]
         batches = micro_batches(trajectories, c.micro_batch_size, c.share_prompts)
@@ -370,17 +398,18 @@ class LocalEngine:
         context, mixer = self._mixer(names, trainable=True)
         with context:
             forward = self._forward(mixer)
-            old: list = [None] * len(batches)
-            if c.old_logprobs == "recompute" or c.lora_dropout > 0:
+            if old is None:
+                old = [None] * len(batches)
+            if old[0] is None and (c.old_logprobs == "recompute" or c.lora_dropout > 0):
                 self.peft.eval()
                 with torch.no_grad():
                     old = [s.logp for s in self._scores(trajectories, forward, batches)]
             self.peft.train()  # LoRA dropout (if any) is active for the update, as in OpenRLHF
-            stats = accumulate_gradients(forward, trajectories, batches, loss_fn=self._loss_fn, old=old,
-                                         entropy_coef=c.entropy_coef, pad_id=self.tokenizer.pad_token_id,
-                                         temperature=c.logprob_temperature, device=self.device)
+            stats, used_old = accumulate_gradients(
+                forward, trajectories, batches, loss_fn=self._loss_fn, old=old, entropy_coef=c.entropy_coef,
+                pad_id=self.tokenizer.pad_token_id, temperature=c.logprob_temperature, device=self.device)
         self.peft.eval()
-        return {name: stats[name] for name in names}
+        return {name: stats[name] for name in names}, used_old
 
     def _apply_update(self, name: str, lr: float, stats: dict[str, float], trajectories) -> dict[str, float]:
         """Clip adapter ``name``'s accumulated gradient to ``max_norm`` and take its AdamW step."""

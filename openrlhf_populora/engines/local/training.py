@@ -19,8 +19,11 @@ cache -- the ``n`` answers a student samples for one task share one prompt pass.
 first token are its prompt's last logits; the rest come from one pass over the responses. Gradients through
 the shared prompt add up over its responses, so this is the same gradient as one pass per sequence.
 
-``old`` is recomputed in a no-grad pass when LoRA dropout is on (or ``old_logprobs="recompute"``);
-otherwise it is bit-for-bit the update pass's own log-probs (one update per step), so that pass is reused.
+**Epochs.** A step takes ``max_epochs`` updates of every adapter on the same trajectories (PPO epochs, like
+OpenRLHF's ``--train.max_epochs``). ``old`` is the policy that sampled them, fixed for all epochs: in the first
+epoch the ratio is exactly 1 and the clip cannot act; from the second on the ratio has moved and it does.
+``old`` is recomputed in a no-grad pass when LoRA dropout is on (or ``old_logprobs="recompute"``); otherwise it
+is bit-for-bit the first epoch's own log-probs, so that pass is reused.
 """
 
 from __future__ import annotations
@@ -205,19 +208,22 @@ def score(forward: Forward, trajectories: Sequence[Trajectory], groups: Sequence
 
 def accumulate_gradients(forward: Forward, trajectories: Sequence[Trajectory], batches: Sequence, *,
                          loss_fn: Callable, old: Sequence[torch.Tensor | None], entropy_coef: float, pad_id: int,
-                         temperature: float, device) -> dict[str, dict[str, float]]:
+                         temperature: float, device) -> tuple[dict[str, dict[str, float]], list[torch.Tensor]]:
     """Backward every micro-batch's loss (the sum of its adapters' ``loss_a``), accumulating each adapter's
-    gradient in its parameters' ``.grad``; returns per-adapter loss, entropy and clipped-token count."""
+    gradient in its parameters' ``.grad``; returns per-adapter loss, entropy and clipped-token count, and the
+    old log-probs each micro-batch used (``old[i]``, or this pass's own when ``old[i]`` is None)."""
     num_tokens: dict[str, float] = {}
     for t in trajectories:
         num_tokens[t.adapter] = num_tokens.get(t.adapter, 0.0) + len(t.response_ids)
     stats = {a: {"loss": 0.0, "entropy": 0.0, "clipped": 0.0} for a in num_tokens}
     entropy_grad = entropy_coef != 0
+    used_old = []
     for groups, old_logp in zip(batches, old, strict=True):
         s = score(forward, trajectories, groups, pad_id=pad_id, temperature=temperature,
                   entropy="grad" if entropy_grad else "detached", device=device)
-        if old_logp is None:  # one update per step, no dropout: the pre-update policy is this pass
+        if old_logp is None:  # first epoch, no dropout: the pre-update policy is this pass
             old_logp = s.logp.detach()
+        used_old.append(old_logp)
         advantages = torch.tensor([float(trajectories[i].advantage) for i in s.rows], device=device)
         row_adapters = [trajectories[i].adapter for i in s.rows]
         total = None
@@ -235,4 +241,4 @@ def accumulate_gradients(forward: Forward, trajectories: Sequence[Trajectory], b
         total.backward()
     for adapter, tokens in num_tokens.items():
         stats[adapter]["num_tokens"] = tokens
-    return stats
+    return stats, used_old

@@ -40,7 +40,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
 
-from openrlhf_populora.config import Config, PopuLoRAConfig, add_flag, iter_fields, load_yaml, set_dotted
+import yaml
+
+from openrlhf_populora.config import Config, PopuLoRAConfig, add_flag, iter_fields, preset_layers, set_dotted
 from openrlhf_populora.engines.ray.settings import config_from_args
 from openrlhf_populora.patches import openrlhf_0_11_2 as patches
 from openrlhf_populora.patches.openrlhf_0_11_2.cpu import install_flash_attn_shim
@@ -267,21 +269,21 @@ def parse_launch_args(argv: Sequence[str]) -> SimpleNamespace:
     config = Config()
     try:
         preset = getattr(flat, CONFIG_DEST)
-        if preset:
-            values = load_yaml(preset)
-            ignored = sorted(name for name in values if not name.startswith("populora."))
-            if ignored:
-                print(f"[populora] {preset}: the Ray engine takes OpenRLHF settings from flags only; ignoring "
-                      f"{', '.join(ignored)}", file=sys.stderr)
-            for name, value in values.items():
+        flags = {name: getattr(flat, name) for name in vars(flat) if name.startswith("populora.")}
+        layers = preset_layers(preset, flags)  # a matched baseline's population preset, then --config
+        ignored = sorted(name for name in layers[-1] if not name.startswith("populora."))
+        if ignored:
+            print(f"[populora] {preset}: the Ray engine takes OpenRLHF settings from flags only; ignoring "
+                  f"{', '.join(ignored)}", file=sys.stderr)
+        for layer in [*layers, flags]:
+            for name, value in layer.items():
                 if name.startswith("populora."):
                     set_dotted(config, name, value)
-        for name in [n for n in vars(flat) if n.startswith("populora.")]:
-            set_dotted(config, name, getattr(flat, name))
+        for name in flags:
             delattr(flat, name)
         config.populora.engine = "ray"
         config.validate()  # the local CLI's rules; every non-populora leaf here is a valid default
-    except ValueError as err:
+    except (ValueError, yaml.YAMLError) as err:
         parser.error(str(err))
     delattr(flat, CONFIG_DEST)
     reasons = _refusals(flat)
@@ -352,9 +354,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     args = parse_launch_args(argv)
-    from openrlhf_populora.selfplay.runner import check_run_dir
+    from openrlhf_populora.selfplay.runner import RunDirError, check_run_dir
 
-    check_run_dir(config_from_args(args))  # an existing run is refused before Ray and the models start
+    try:  # an existing run is refused before Ray and the models start
+        check_run_dir(config_from_args(args))
+    except RunDirError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
     swaps, started_ray = _prepare(args)
     try:
         run_upstream(args, swaps)
