@@ -106,9 +106,8 @@ def test_plugin_defaults_apply_only_when_the_flag_is_not_given():
     assert args.algo.advantage.estimator == "reinforce" and args.algo.kl.init_coef == 0.0
     assert args.reward.remote_url == launch.REWARD_SENTINEL
     args = launch.parse_launch_args(BASE + ["--algo.advantage.estimator", "reinforce_baseline",
-                                            "--algo.kl.init_coef", "0.001", "--reward.remote_url", "/x/r.py"])
+                                            "--algo.kl.init_coef", "0.001"])
     assert args.algo.advantage.estimator == "reinforce_baseline" and args.algo.kl.init_coef == 0.001
-    assert args.reward.remote_url == "/x/r.py"
     assert launch.parse_launch_args(BASE).actor.adam.lr == 1e-6  # every other default stays upstream's
 
 
@@ -156,6 +155,15 @@ def test_bad_flags_exit_2_with_a_clear_message(capsys, argv, message):
     (["--vllm.num_engines", "0"], "generation is vLLM-only"),
     (["--ds.lora.rank", "0"], "--ds.lora.rank must be > 0"),
     (["--train.agent_func_path", "/x/agent.py"], "--train.agent_func_path is not supported"),
+    # flags upstream reads and the plugin's controller does not: refused, naming the flag that does the job
+    (["--rollout.n_samples_per_prompt", "8"], "use --populora.solver_samples"),
+    (["--rollout.batch_size", "64"], "use --populora.proposals_per_teacher"),
+    (["--train.num_episodes", "3"], "use --populora.total_steps"),
+    (["--data.apply_chat_template"], "use --populora.chat_template"),
+    (["--algo.dynamic_filtering_enable"], "use --populora.skip_zero_advantage"),
+    (["--data.prompt_dataset", "/d/prompts.jsonl"], "the teachers write the tasks"),
+    (["--eval.dataset", "/d/eval.jsonl", "--eval.steps", "5"], "--eval.steps is not read"),
+    (["--reward.remote_url", "http://rm:5000"], "rewards come from the sandboxed verifier"),
 ])
 def test_unsupported_upstream_settings_are_refused(capsys, argv, message):
     err = _exit_message(capsys, BASE + argv)
@@ -306,10 +314,10 @@ def test_upstream_validation_errors_exit_2_and_revert_the_swaps(fake_cluster, st
     assert {target: patches.lookup(target) for target in stand_ins} == originals
 
 
-def test_an_existing_run_is_refused_before_anything_starts(fake_cluster, stand_ins, tmp_path):
+def test_an_existing_run_is_refused_before_anything_starts(fake_cluster, stand_ins, tmp_path, capsys):
     (tmp_path / "metrics.jsonl").write_text("{}\n")
-    with pytest.raises(SystemExit, match="already holds a run"):
-        launch.main(BASE + ["--ckpt.output_dir", str(tmp_path)])
+    assert launch.main(BASE + ["--ckpt.output_dir", str(tmp_path)]) == 2
+    assert "already holds a run" in capsys.readouterr().err
     assert RecordingGroup.made == [] and patches.applied() == []
     assert (tmp_path / "metrics.jsonl").read_text() == "{}\n"  # nothing lost
 

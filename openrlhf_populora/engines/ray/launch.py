@@ -197,10 +197,32 @@ def _error_unknown(parser: argparse.ArgumentParser, extras: list[str]) -> None:
     parser.error("\n  ".join(lines))
 
 
-def _refusals(flat: argparse.Namespace) -> list[str]:
-    """Why the PopuLoRA Ray engine cannot run these upstream settings (empty: it can)."""
+# upstream flags whose job the plugin does another way (its controller never reads them): setting one is refused,
+# naming what to use instead, rather than silently ignored
+NOT_READ: dict[str, str] = {
+    "rollout.n_samples_per_prompt": "--populora.solver_samples (answers per task)",
+    "rollout.batch_size": "--populora.proposals_per_teacher and --populora.solver_tasks",
+    "train.num_episodes": "--populora.total_steps",
+    "data.apply_chat_template": "--populora.chat_template",
+    "algo.dynamic_filtering_enable": "--populora.skip_zero_advantage (leaves zero-advantage samples out)",
+    "algo.dynamic_filtering_range": "--populora.skip_zero_advantage",
+    **{f"data.{name}": "nothing: the teachers write the tasks" for name in (
+        "prompt_dataset", "prompt_probs", "prompt_split", "input_key", "label_key", "input_template",
+        "max_samples")},
+    **{f"eval.{name}": "python -m openrlhf_populora.cli.evaluate --run RUN_DIR after training" for name in (
+        "dataset", "steps", "split", "n_samples_per_prompt", "temperature")},
+    "reward.model_name_or_path": "nothing: rewards come from the sandboxed verifier",
+    "reward.remote_url": "nothing: rewards come from the sandboxed verifier",
+    "train.partial_rollout_enable": "nothing: generation and training run in lockstep",
+}
+
+
+def _refusals(flat: argparse.Namespace, defaults: Mapping[str, Any]) -> list[str]:
+    """Why the PopuLoRA Ray engine cannot run these upstream settings (empty: it can). ``defaults``: the
+    parser's default of every destination (a flag of :data:`NOT_READ` that differs from it was set)."""
     get = functools.partial(getattr, flat)
-    reasons = []
+    reasons = [f"--{dest} is not read by the PopuLoRA Ray engine; use {instead}"
+               for dest, instead in NOT_READ.items() if get(dest) != defaults[dest]]
     if get("train.async_enable"):
         reasons.append("--train.async_enable is not supported: the self-play step needs generation and training "
                        "in lockstep")
@@ -286,7 +308,7 @@ def parse_launch_args(argv: Sequence[str]) -> SimpleNamespace:
     except (ValueError, yaml.YAMLError) as err:
         parser.error(str(err))
     delattr(flat, CONFIG_DEST)
-    reasons = _refusals(flat)
+    reasons = _refusals(flat, {dest: parser.get_default(dest) for dest in NOT_READ})
     if reasons:
         parser.error("the PopuLoRA Ray engine cannot run this:\n  " + "\n  ".join(reasons))
     args = hierarchize(flat)
