@@ -126,7 +126,7 @@ def test_an_unknown_lora_target_is_exit_2_before_the_run_directory_is_touched(tm
     assert "['qproj'] match no module" in err and "q_proj" in err and not run_dir.exists()
 
 
-@pytest.mark.parametrize("population", ["1t1s", "4t4s", "8t8s", "laptop"])
+@pytest.mark.parametrize("population", ["1t1s", "4t4s", "8t8s", "laptop", "signature"])
 def test_the_baseline_is_matched_per_adapter_to_its_population(population):
     """Every setting that sets a member's compute and update equals the population preset's; the population's
     shape does not come along. (configs/baseline.yaml used to propose 64 tasks a step against 16 per 4t4s
