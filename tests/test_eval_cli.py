@@ -37,8 +37,9 @@ def test_plan_groups_population_baseline_and_base(tmp_path, model_dir):
     run = fake_run(tmp_path / "run", model_dir)
     baseline = fake_run(tmp_path / "baseline", model_dir, ids=("b0",))
     args = build_parser().parse_args(["--run", str(run), "--baseline", str(baseline), "--base", "--members", "s1"])
-    base_model, groups, out = plan(args)
-    assert base_model == model_dir and out == run / "eval"
+    base_model, groups, out, sources, model_name = plan(args)
+    assert base_model == model_name == model_dir and out == run / "eval"
+    assert sources == {f"--run {run}": None, f"--baseline {baseline}": None}  # their config.yaml do not say
     assert {g: [m.name for m in ms] for g, ms in groups.items()} == {
         "base": ["base"], "baseline": ["baseline-b0"], "population": ["s1"]}
     assert groups["baseline"][0].adapter_dir == baseline / "adapters" / "b0"
@@ -48,8 +49,9 @@ def test_plan_with_bare_adapters(tmp_path, model_dir):
     run = fake_run(tmp_path / "run", model_dir)
     args = build_parser().parse_args(["--base-model", model_dir, "--adapter", f"mine={run / 'adapters' / 's0'}",
                                       "--out", str(tmp_path / "out")])
-    _, groups, out = plan(args)
-    assert [m.name for m in groups["population"]] == ["mine"] and out == tmp_path / "out"
+    planned = plan(args)
+    assert [m.name for m in planned.groups["population"]] == ["mine"] and planned.out == tmp_path / "out"
+    assert planned.sources == {"--adapter mine": None}  # how a bare adapter was trained is unknown
     with pytest.raises(ValueError, match="needs --base-model"):
         plan(build_parser().parse_args(["--adapter", f"x={run / 'adapters' / 's0'}"]))
     with pytest.raises(ValueError, match="expected NAME=DIR"):
@@ -70,7 +72,7 @@ def test_baseline_on_another_base_model_is_refused(tmp_path, model_dir):
 
 def test_report_only_renders_stored_samples(tmp_path, model_dir, capsys):
     run = fake_run(tmp_path / "run", model_dir)
-    settings = EvalSettings()
+    settings = EvalSettings(code_template="chat", math_template="chat")  # what auto picks for the tiny model
     store = ResultStore(run / "eval", {**settings.identity(), "base_model": model_dir,
                                        "members": {m: adapter_digest(run / "adapters" / m) for m in ("s0", "s1")}})
     store.append({"member": m, "benchmark": "humaneval", "problem_id": f"HumanEval/{i}", "passed": i < k}

@@ -40,7 +40,9 @@ def run_dir(tmp_path_factory, tiny_model_dir) -> Path:
     """What training leaves behind: config.yaml, population.json, adapters/<member>/ in PEFT format.
     The two adapters get random (non-zero) LoRA weights so that each member generates differently."""
     root = tmp_path_factory.mktemp("run")
-    (root / "config.yaml").write_text(yaml.safe_dump({"actor": {"model_name_or_path": tiny_model_dir}}))
+    # trained on raw prompts: --code-template auto must pick azr although the tiny model has a chat template
+    (root / "config.yaml").write_text(yaml.safe_dump({"actor": {"model_name_or_path": tiny_model_dir},
+                                                      "populora": {"chat_template": False}}))
     population = Population.create(1, 1)
     population.save(root / "population.json")
     engine = engine_for(tiny_model_dir)
@@ -70,7 +72,11 @@ def test_evaluate_two_adapters_and_the_base_then_resume(run_dir, tiny_model_dir,
     assert all(s["passed"] is False for s in first)
     assert all(s["status"] != "ok" for s in first if s["benchmark"] == "humaneval")  # code did not run clean
 
-    # each member was generated with its own adapter: regenerate s0's and the base's answers directly
+    # each member was generated with its own adapter, from the azr prompt that auto chose for this run:
+    # regenerate s0's and the base's answers directly
+    printed = capsys.readouterr().out
+    assert "prompt templates: code azr, math azr_boxed" in printed
+    assert json.loads((out / "settings.json").read_text())["code_template"] == "azr"
     problem = load_benchmark("humaneval", limit=1)[0]
     prompt = render_prompt(problem, "azr")
     engine = engine_for(tiny_model_dir)
@@ -92,7 +98,7 @@ def test_evaluate_two_adapters_and_the_base_then_resume(run_dir, tiny_model_dir,
     assert labels[:4] == ["Base model", "Population mean", "Population best (t0)", "Population worst (t0)"]
     for name in ("results.md", "results.csv", "results.png", "settings.json"):
         assert (out / name).is_file()
-    assert "| Population mean | 0.0 |" in capsys.readouterr().out
+    assert "| Population mean | 0.0 |" in printed
 
     # resume with more problems: only the new (member, problem) pairs are generated
     assert main([*args, "--limit", "3"]) == 0

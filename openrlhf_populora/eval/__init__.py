@@ -6,7 +6,8 @@
     run_evaluation(backend, assign_slots(members), {"humaneval": problems}, store, EvalSettings())
     write_report(summarize(store.records(), groups, ["humaneval"]), out_dir)   # report: table + chart
 
-The command line is ``python -m openrlhf_populora.cli.evaluate`` (see ``cli/evaluate.py``).
+The command line is ``python -m openrlhf_populora.cli.evaluate`` (see ``cli/evaluate.py``). Which prompt template
+fits which model: ``prompts``; the published pass@1 of known models and the check against it: ``published``.
 """
 
 from openrlhf_populora.eval.benchmarks import (

@@ -1,7 +1,8 @@
 """Which adapters to evaluate: members of a run directory, checked for compatibility.
 
 A run directory (written by the training loop) holds ``config.yaml`` (base model under
-``actor.model_name_or_path``), ``population.json`` (members, roles, ratings) and one PEFT adapter per member
+``actor.model_name_or_path``; whether prompts were rendered with the chat template under
+``populora.chat_template``), ``population.json`` (members, roles, ratings) and one PEFT adapter per member
 under ``adapters/<member_id>/`` (``adapter_config.json`` + ``adapter_model.safetensors``). The evaluator
 itself only needs (base model, {name: adapter directory}); this module is the one place that knows the run
 layout.
@@ -37,21 +38,40 @@ class RunMembers:
     run_dir: Path
     base_model: str
     members: list[EvalMember]
+    chat_template: bool | None = None  # populora.chat_template of the training; None: not recorded
 
 
-def _read_base_model(run_dir: Path) -> str:
+def _read_config(run_dir: Path, required: bool) -> dict[str, Any]:
+    """The run's ``config.yaml`` as a dict ({} when absent and not ``required``)."""
     config_path = run_dir / "config.yaml"
     if not config_path.is_file():
+        if not required:
+            return {}
         raise ValueError(f"{config_path} not found: is {run_dir} a run directory? Fix: pass the run's directory "
                          "(the training output_dir) or give the base model with --base-model.")
     try:
         config = yaml.safe_load(config_path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise ValueError(f"{config_path} is not valid YAML: {exc}") from None
-    model = (config.get("actor") or {}).get("model_name_or_path") if isinstance(config, dict) else None
+    return config if isinstance(config, dict) else {}
+
+
+def _read_base_model(run_dir: Path, config: dict[str, Any]) -> str:
+    model = (config.get("actor") or {}).get("model_name_or_path")
     if not model:
-        raise ValueError(f"{config_path} has no actor.model_name_or_path. Fix: add it or pass --base-model.")
+        raise ValueError(f"{run_dir / 'config.yaml'} has no actor.model_name_or_path. Fix: add it or pass --base-model.")
     return str(model)
+
+
+def _read_chat_template(run_dir: Path, config: dict[str, Any]) -> bool | None:
+    """``populora.chat_template`` of the run's training: True / False, or None when config.yaml lacks it."""
+    populora = config.get("populora")
+    value = populora.get("chat_template") if isinstance(populora, dict) else None
+    if value is None:
+        return None
+    if not isinstance(value, bool):
+        raise ValueError(f"{run_dir / 'config.yaml'}: populora.chat_template must be true or false, got {value!r}")
+    return value
 
 
 def _adapter_dir(adapters: Path, member: dict[str, Any]) -> Path | None:
@@ -62,11 +82,13 @@ def _adapter_dir(adapters: Path, member: dict[str, Any]) -> Path | None:
 
 
 def load_run_members(run_dir: str | Path, base_model: str | None = None) -> RunMembers:
-    """The base model and the living members of a run, each with its adapter directory."""
+    """The base model, the living members of a run (each with its adapter directory) and whether the run
+    trained on chat-formatted prompts."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ValueError(f"run directory {run_dir} does not exist. Fix: pass --run <the training output_dir>.")
-    base = base_model or _read_base_model(run_dir)
+    config = _read_config(run_dir, required=base_model is None)
+    base = base_model or _read_base_model(run_dir, config)
     adapters = run_dir / "adapters"
     population_path = run_dir / "population.json"
     members: list[EvalMember] = []
@@ -100,7 +122,7 @@ def load_run_members(run_dir: str | Path, base_model: str | None = None) -> RunM
     if not members:
         raise ValueError(f"run directory {run_dir} has no adapters (expected {adapters}/<member_id>/adapter_config.json "
                          "and adapter_model.safetensors). Fix: train first, or point --run at a finished run.")
-    return RunMembers(run_dir, base, members)
+    return RunMembers(run_dir, base, members, _read_chat_template(run_dir, config))
 
 
 def select_members(members: list[EvalMember], spec: str) -> list[EvalMember]:

@@ -1,13 +1,32 @@
 """Prompt templates for evaluation, following AZR's evaluation (paraphrased, not quoted).
 
+Which template fits which model: a model is evaluated in the prompt format it was trained on.
+
+- an AZR-trained policy, or adapters trained on raw prompts (``populora.chat_template: false``):
+  ``azr`` (code) and ``azr_boxed`` (math), the raw R1 text it was trained on;
+- an instruct or chat base model (``--base``), or adapters trained with ``populora.chat_template: true``
+  (the training default): ``chat``, its own chat template;
+- a base model whose tokenizer has no chat template: ``azr`` / ``azr_boxed``.
+
+The wrong one costs a lot: greedy Qwen2.5-Coder-0.5B-Instruct (the shipped model) solved 1 of the first 8
+HumanEval problems under ``azr`` and 16 of the first 20 under ``chat``.
+
 Templates (``--code-template`` / ``--math-template``):
 
-``azr`` (default for code)
+``auto`` (the command line's default for both)
+    Resolved once per evaluation by :func:`choose_templates` (through :func:`resolve_templates`): ``chat`` for
+    both kinds when the base model's tokenizer has a chat template and no evaluated run was trained on raw
+    prompts, else ``azr`` (code) and ``azr_boxed`` (math). The sources are the ``config.yaml`` of ``--run`` and
+    ``--baseline`` (``populora.chat_template``); a bare ``--adapter`` is unknown and does not change the choice.
+    Sources trained on different formats are refused (name both templates to evaluate them together anyway).
+    The resolved name, never ``auto``, is what ``settings.json`` records, so resuming into the same output
+    directory with a different resolution is refused like any other changed setting.
+``azr``
     DeepSeek-R1-Zero style raw text, no chat template, as AZR trains and evaluates: a short system text saying
     the assistant thinks inside ``<think> </think>`` and answers inside ``<answer> </answer>``, then
     ``User: <task>``, then ``Assistant: <think>``. Code tasks ask for the complete program in a
     ```` ```python ```` block inside ``<answer>``; math tasks give the question alone.
-``azr_boxed`` (default for math)
+``azr_boxed``
     ``azr`` plus an instruction to put the final answer in ``\\boxed{}`` (AZR's template for Coder models).
 ``chat``
     The task text (code: "answer in a python block"; math: "reason step by step, final answer in
@@ -21,12 +40,16 @@ The answer is extracted the same way for every template (see ``extract``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from openrlhf_populora.eval.problems import CODE, Problem
 
 TEMPLATES = ("azr", "azr_boxed", "chat", "completion")
-DEFAULT_TEMPLATES = {"code": "azr", "math": "azr_boxed"}
+AUTO = "auto"  # not a template: "pick one for this model" (see choose_templates)
+TEMPLATE_CHOICES = (AUTO, *TEMPLATES)
+RAW_TEMPLATES = {"code": "azr", "math": "azr_boxed"}  # for AZR-style policies and raw-prompt adapters
+CHAT_TEMPLATES = {"code": "chat", "math": "chat"}  # for instruct/chat models and chat-trained adapters
+DEFAULT_TEMPLATES = RAW_TEMPLATES  # ``EvalSettings``' default (library use); the command line defaults to auto
 
 R1_SYSTEM = (
     "A conversation between User and Assistant. The User asks a question and the Assistant solves it. "
@@ -82,3 +105,70 @@ def render_prompt(problem: Problem, template: str, chat_render: Callable[[str], 
     if code:
         task += " Put that block inside <answer> </answer>."
     return f"{R1_SYSTEM}\nUser: {task}\nAssistant: <think>"
+
+
+def choose_templates(has_chat_template: bool, trained_with_chat: Mapping[str, bool | None]) -> tuple[dict[str, str], str]:
+    """What ``auto`` means for one evaluation: ``({"code": ..., "math": ...}, why)``.
+
+    ``has_chat_template``: whether the base model's tokenizer has one (``chat`` needs it).
+    ``trained_with_chat``: for each evaluated source of adapters (a label such as ``--run runs/4t4s``), the
+    ``populora.chat_template`` its training recorded, or None when unknown (a bare ``--adapter``). An adapter
+    is evaluated in the prompt format it was trained on, so one raw-trained source makes the choice ``azr``;
+    sources trained on different formats cannot share one template and raise ``ValueError``.
+    """
+    raw = [source for source, chat in trained_with_chat.items() if chat is False]
+    chat = [source for source, chat in trained_with_chat.items() if chat is True]
+    unknown = [source for source, chat in trained_with_chat.items() if chat is None]
+    if raw and chat:
+        raise ValueError(f"{', '.join(raw)} trained on raw prompts (populora.chat_template: false) but "
+                         f"{', '.join(chat)} with the chat template: one prompt template cannot fit both. Fix: "
+                         "evaluate them in separate invocations, or pass --code-template and --math-template.")
+    if raw:
+        return dict(RAW_TEMPLATES), f"{', '.join(raw)} trained on raw R1-style prompts (populora.chat_template: false)"
+    if not has_chat_template:
+        return dict(RAW_TEMPLATES), "the base model's tokenizer has no chat template"
+    why = "the base model's tokenizer has a chat template"
+    if chat:
+        why += f" and {', '.join(chat)} trained with it (populora.chat_template: true)"
+    if unknown:
+        why += (f"; how {', '.join(unknown)} was trained is not recorded (pass --code-template azr "
+                "--math-template azr_boxed if on raw prompts)")
+    return dict(CHAT_TEMPLATES), why
+
+
+def resolve_templates(
+    requested: Mapping[str, str], has_chat_template: bool, trained_with_chat: Mapping[str, bool | None]
+) -> tuple[dict[str, str], str]:
+    """The templates one evaluation uses: ``requested`` (``{"code": ..., "math": ...}``, each a template or
+    ``auto``) with ``auto`` resolved by :func:`choose_templates`, and a sentence saying why.
+
+    Raises ``ValueError`` for an unknown name, for sources that disagree while a kind is ``auto``, and for
+    ``chat`` when the base model's tokenizer has no chat template.
+    """
+    for kind, name in requested.items():
+        if name not in TEMPLATE_CHOICES:
+            raise ValueError(f"{kind} template {name!r}: choose one of {', '.join(TEMPLATE_CHOICES)}")
+    resolved, reasons = dict(requested), []
+    if AUTO in requested.values():
+        chosen, why = choose_templates(has_chat_template, trained_with_chat)
+        auto_kinds = [kind for kind, name in requested.items() if name == AUTO]
+        resolved.update({kind: chosen[kind] for kind in auto_kinds})
+        reasons.append(f"{' and '.join(auto_kinds)}: auto, because {why}")
+    given = [kind for kind, name in requested.items() if name != AUTO]
+    if given:
+        reasons.append(f"{' and '.join(given)}: as given")
+    if not has_chat_template:
+        needs_chat = [kind for kind, name in resolved.items() if name == "chat"]
+        if needs_chat:
+            raise ValueError(f"the {' and '.join(needs_chat)} template 'chat' needs the base model's chat template, "
+                             "and its tokenizer has none. Fix: pass --code-template azr --math-template azr_boxed "
+                             "(or completion).")
+    return resolved, "; ".join(reasons)
+
+
+def model_has_chat_template(model_dir: str) -> bool:
+    """Whether the tokenizer saved in ``model_dir`` (a local HF directory) has a chat template."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    return bool(getattr(tokenizer, "chat_template", None))
