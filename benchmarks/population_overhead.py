@@ -36,14 +36,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
+from openrlhf_populora.cli.train import local_engine_config  # noqa: E402
+from openrlhf_populora.config import Config  # noqa: E402
 from openrlhf_populora.engines.base import GenerationRequest, SamplingParams, Trajectory  # noqa: E402
-from openrlhf_populora.engines.local import LocalEngine, LocalEngineConfig  # noqa: E402
+from openrlhf_populora.engines.local import LocalEngine  # noqa: E402
 
 TASK = "Write a Python function f(x) that returns the sum of the digits of x, then show f(1234).\n"
 
 
 def make_engine(args, n_adapters: int) -> LocalEngine:
-    config = LocalEngineConfig(
+    config = local_engine_config(Config(),
         model_name_or_path=args.model, lora_rank=args.lora_rank, policy_loss="native", lr=1e-4,
         micro_batch_size=args.train_batch, generation_batch_size=1024, num_threads=args.threads,
     )

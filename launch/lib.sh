@@ -2,7 +2,9 @@
 # to a running Ray cluster with `ray job submit`, or prints it one token per line when DRY_RUN=1.
 #
 # Environment (all optional):
-#   PRESET         1t1s | 4t4s | 8t8s | baseline               (default 4t4s; flags in presets/<PRESET>.args)
+#   PRESET         1t1s | 4t4s | 8t8s | baseline               (default 4t4s: configs/<PRESET>.yaml, read
+#                  by the job's driver, so the repository must be where the job runs: this node or shared storage)
+#   CONFIG_DIR     where the YAML presets live                  (default: the repository's configs/)
 #   MODEL          HF id or local path                          (default Qwen/Qwen2.5-Coder-7B-Instruct)
 #   RUN_DIR        run directory: metrics, adapters, checkpoints (default ./runs/populora-<PRESET>)
 #   GPUS_PER_NODE  GPUs per node                                (default 8)
@@ -13,6 +15,7 @@
 
 POPULORA_LAUNCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PRESET=${PRESET:-4t4s}
+CONFIG_DIR=${CONFIG_DIR:-$(cd "$POPULORA_LAUNCH_DIR/../configs" && pwd)}
 MODEL=${MODEL:-Qwen/Qwen2.5-Coder-7B-Instruct}
 RUN_DIR=${RUN_DIR:-./runs/populora-$PRESET}
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}
@@ -31,7 +34,7 @@ populora_read_args() {
   done <"$1"
 }
 
-# ARGS := common flags + the preset's flags + the topology of NNODES x GPUS_PER_NODE (colocated vLLM).
+# ARGS := common flags + the YAML preset + the topology of NNODES x GPUS_PER_NODE (colocated vLLM).
 populora_args() {
   local nnodes=$1 gpus=$(($1 * GPUS_PER_NODE))
   if ((gpus % VLLM_TP)); then
@@ -39,8 +42,9 @@ populora_args() {
     exit 2
   fi
   ARGS=()
+  [[ -f $CONFIG_DIR/$PRESET.yaml ]] || { echo "launch: no such preset file: $CONFIG_DIR/$PRESET.yaml" >&2; exit 2; }
   populora_read_args "$POPULORA_LAUNCH_DIR/presets/common.args"
-  populora_read_args "$POPULORA_LAUNCH_DIR/presets/$PRESET.args"
+  ARGS+=(--config "$CONFIG_DIR/$PRESET.yaml")
   ARGS+=(--actor.model_name_or_path "$MODEL"
          --actor.num_nodes "$nnodes" --actor.num_gpus_per_node "$GPUS_PER_NODE"
          --vllm.num_engines "$((gpus / VLLM_TP))" --vllm.tensor_parallel_size "$VLLM_TP"

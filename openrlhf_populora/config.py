@@ -135,7 +135,7 @@ class SandboxConfig:
 class PopuLoRAConfig:
     engine: str = field(default="local", metadata=_choices(
         "local", "ray", help="local: transformers+peft in one process; ray: OpenRLHF 0.11.2's Ray trainer with "
-        "vLLM and DeepSpeed, taking every train_ppo_ray flag (engines/ray/launch.py)"))
+        "vLLM and DeepSpeed, taking every train_ppo_ray flag (cli/ray_launch.py)"))
     mode: str = field(
         default="population",
         metadata=_choices("population", "baseline", help="population: N_T teachers + N_S students; "
@@ -176,6 +176,10 @@ class PopuLoRAConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     evolution: EvolutionConfig = field(default_factory=EvolutionConfig)
     report: bool = field(default=True, metadata={"help": "render the run's figures at the end"})
+    sync_tolerance: float | None = field(default=None, metadata={
+        "help": "Ray engine: after every adapter upload, the largest |log-prob| difference allowed between vLLM and "
+                "the trainer on a fixed probe (else the run stops naming the adapter); default 1e-3 when training "
+                "in fp32, 0.25 in bf16/fp16 (their kernels round differently). The local engine has nothing to sync"})
     baseline_for: str | None = field(default=None, metadata={
         "help": "baseline mode: the population preset (a name in configs/, e.g. 4t4s, or a YAML path) this "
                 "baseline is compute-matched to; its settings are loaded under --config and the flags, except "
@@ -254,6 +258,8 @@ class Config:
             raise ValueError(f"--actor.eps_clip_low_high: both bounds must be in (0, 1), got {list(clip)}")
         if self.actor.adam.lr <= 0:
             raise ValueError(f"--actor.adam.lr must be > 0, got {self.actor.adam.lr}")
+        if p.sync_tolerance is not None and not p.sync_tolerance > 0:
+            raise ValueError(f"--populora.sync_tolerance must be > 0, got {p.sync_tolerance}")
         if p.sandbox.timeout_s <= 0 or p.sandbox.memory_mb < 64:
             raise ValueError("--populora.sandbox.timeout_s must be > 0 and --populora.sandbox.memory_mb >= 64")
         if p.seed_file and not Path(p.seed_file).is_file():

@@ -8,6 +8,8 @@ import json
 import pytest
 import torch
 
+from openrlhf_populora.cli.train import local_engine_config
+from openrlhf_populora.config import Config
 from openrlhf_populora.engines.adapter_files import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -17,13 +19,22 @@ from openrlhf_populora.engines.adapter_files import (
     read_peft_adapter,
     write_peft_adapter,
 )
-from openrlhf_populora.engines.local import LocalEngine, LocalEngineConfig
+from openrlhf_populora.engines.local import LocalEngine
 from openrlhf_populora.models.tiny import build_tiny_model
+
+# the tiny model's tests: fp32, every linear layer, seed 0 (Config's defaults: auto dtype, q/k/v/o, 42)
+TEST_ENGINE = {"dtype": "fp32", "lora_target_modules": "all-linear", "seed": 0}
+
+
+def engine_config(**overrides):
+    """The local engine's config from Config's defaults (the one source), the tiny-model test defaults, then
+    ``overrides``."""
+    return local_engine_config(Config(), **{**TEST_ENGINE, **overrides})
 
 
 def _engine_with_adapters(names, rank=4, targets="all-linear"):
     model, tokenizer = build_tiny_model(seed=0)
-    engine = LocalEngine(LocalEngineConfig(lora_rank=rank, lora_alpha=8, lora_target_modules=targets,
+    engine = LocalEngine(engine_config(lora_rank=rank, lora_alpha=8, lora_target_modules=targets,
                                            policy_loss="native"), model=model, tokenizer=tokenizer)
     gen = torch.Generator().manual_seed(1)
     for name in names:

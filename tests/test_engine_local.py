@@ -8,9 +8,20 @@ import types
 import pytest
 import torch
 
+from openrlhf_populora.cli.train import local_engine_config
+from openrlhf_populora.config import Config
 from openrlhf_populora.engines.base import BASE_ADAPTER, Engine, GenerationRequest, SamplingParams, Trajectory
-from openrlhf_populora.engines.local import LocalEngine, LocalEngineConfig, native_policy_loss
+from openrlhf_populora.engines.local import LocalEngine, native_policy_loss
 from openrlhf_populora.models.tiny import build_tiny_model
+
+# the tiny model's tests: fp32, every linear layer, seed 0 (Config's defaults: auto dtype, q/k/v/o, 42)
+TEST_ENGINE = {"dtype": "fp32", "lora_target_modules": "all-linear", "seed": 0}
+
+
+def engine_config(**overrides):
+    """The local engine's config from Config's defaults (the one source), the tiny-model test defaults, then
+    ``overrides``."""
+    return local_engine_config(Config(), **{**TEST_ENGINE, **overrides})
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)
 
@@ -19,7 +30,7 @@ def make_engine(adapters=("t0", "t1", "s0"), randomize=True, **overrides) -> Loc
     """Tiny-model engine; ``randomize`` gives every adapter random non-zero B so adapters differ."""
     model, tokenizer = build_tiny_model(seed=0)
     settings = {"lr": 1e-2, "policy_loss": "native", "micro_batch_size": 4, **overrides}
-    config = LocalEngineConfig(**settings)
+    config = engine_config(**settings)
     engine = LocalEngine(config, model, tokenizer)
     gen = torch.Generator().manual_seed(123)
     for name in adapters:
@@ -370,7 +381,7 @@ def test_remove_adapter_and_bad_inputs():
     with pytest.raises(ValueError, match="non-finite advantage"):
         engine.train_step([Trajectory("t0", [1, 2], [3], float("nan"))])
     with pytest.raises(ValueError, match="dtype"):
-        LocalEngineConfig(dtype="fp8").validate()
+        engine_config(dtype="fp8").validate()
     # removing every adapter leaves a working base model
     engine.remove_adapter("t0")
     engine.remove_adapter("s0")
@@ -424,7 +435,7 @@ def test_train_steps_follow_the_schedule_and_resume_on_it(tmp_path):
     assert resumed.updates == 2
     assert resumed.train_step(batch)["t0"]["lr"] == pytest.approx(third)
     with pytest.raises(ValueError, match="lr_scheduler"):
-        LocalEngineConfig(lr_scheduler="exponential").validate()
+        engine_config(lr_scheduler="exponential").validate()
 
 
 # ----------------------------------------------------------------------------------------- prefill sharing
@@ -508,7 +519,7 @@ def test_decode_attention_equals_sdpa_with_padding_and_grouped_heads():
 def test_engine_decodes_with_grouped_query_matmuls_and_the_same_tokens():
     model, tokenizer = build_tiny_model(seed=0)
     model.set_attn_implementation("sdpa")  # the tiny model is built eager
-    fast = LocalEngine(LocalEngineConfig(policy_loss="native"), model, tokenizer)
+    fast = LocalEngine(engine_config(policy_loss="native"), model, tokenizer)
     assert fast.decode_attention and fast.base.config._attn_implementation == "populora_sdpa"
     eager = make_engine(adapters=())
     assert not eager.decode_attention

@@ -11,11 +11,22 @@ import torch
 import yaml
 
 from openrlhf_populora.cli.evaluate import main
+from openrlhf_populora.cli.train import local_engine_config
+from openrlhf_populora.config import Config
 from openrlhf_populora.engines.base import GenerationRequest, SamplingParams
-from openrlhf_populora.engines.local import LocalEngine, LocalEngineConfig
+from openrlhf_populora.engines.local import LocalEngine
 from openrlhf_populora.eval.benchmarks import load_benchmark
 from openrlhf_populora.eval.prompts import render_prompt
 from openrlhf_populora.population.members import Population
+
+# the tiny model's tests: fp32, every linear layer, seed 0 (Config's defaults: auto dtype, q/k/v/o, 42)
+TEST_ENGINE = {"dtype": "fp32", "lora_target_modules": "all-linear", "seed": 0}
+
+
+def engine_config(**overrides):
+    """The local engine's config from Config's defaults (the one source), the tiny-model test defaults, then
+    ``overrides``."""
+    return local_engine_config(Config(), **{**TEST_ENGINE, **overrides})
 
 pytestmark = pytest.mark.slow
 MAX_NEW = 12
@@ -23,7 +34,7 @@ DATA = Path(__file__).parent / "data" / "eval"
 
 
 def engine_for(model_dir: str, rank: int = 4) -> LocalEngine:
-    return LocalEngine(LocalEngineConfig(model_name_or_path=model_dir, lora_rank=rank, lora_alpha=2 * rank,
+    return LocalEngine(engine_config(model_name_or_path=model_dir, lora_rank=rank, lora_alpha=2 * rank,
                                          lora_target_modules=["q_proj", "v_proj"], policy_loss="native"))
 
 
@@ -139,7 +150,7 @@ def test_prompts_that_fill_the_context_fail_without_stopping_the_evaluation():
 
     model, tokenizer = build_tiny_model(seed=0)
     model.config.max_position_embeddings = positions = 64  # a short context keeps the test fast
-    engine = LocalEngine(LocalEngineConfig(policy_loss="native"), model=model, tokenizer=tokenizer)
+    engine = LocalEngine(engine_config(policy_loss="native"), model=model, tokenizer=tokenizer)
     backend = EngineBackend(engine)  # the tiny tokenizer is one token per byte
     outputs = backend.generate([("__base__", "x" * (positions - 3)), ("__base__", "y" * positions),
                                 ("__base__", "def f():")], 8)

@@ -6,8 +6,19 @@ from __future__ import annotations
 import pytest
 import torch
 
+from openrlhf_populora.cli.train import local_engine_config
+from openrlhf_populora.config import Config
 from openrlhf_populora.eval.generation import VLLMBackend, assign_slots, build_local_backend, vllm_available
 from openrlhf_populora.eval.members import EvalMember, check_adapters
+
+# the tiny model's tests: fp32, every linear layer, seed 0 (Config's defaults: auto dtype, q/k/v/o, 42)
+TEST_ENGINE = {"dtype": "fp32", "lora_target_modules": "all-linear", "seed": 0}
+
+
+def engine_config(**overrides):
+    """The local engine's config from Config's defaults (the one source), the tiny-model test defaults, then
+    ``overrides``."""
+    return local_engine_config(Config(), **{**TEST_ENGINE, **overrides})
 
 pytestmark = [
     pytest.mark.vllm,
@@ -20,13 +31,13 @@ PROMPTS = ["def add(a, b):\n    return", "User: hello\nAssistant: <think>", "imp
 
 @pytest.fixture(scope="module")
 def members(tmp_path_factory):
-    from openrlhf_populora.engines.local import LocalEngine, LocalEngineConfig
+    from openrlhf_populora.engines.local import LocalEngine
     from openrlhf_populora.models.tiny import VLLM_HEADS, save_tiny_model
 
     root = tmp_path_factory.mktemp("vllm")
     # the tiny test model with one attention head (head_dim 64): vLLM's CPU attention rejects head_dim 16
     model_dir = str(save_tiny_model(root / "model", seed=0, heads=VLLM_HEADS))
-    engine = LocalEngine(LocalEngineConfig(model_name_or_path=model_dir, lora_rank=8, lora_alpha=16,
+    engine = LocalEngine(engine_config(model_name_or_path=model_dir, lora_rank=8, lora_alpha=16,
                                            lora_target_modules=["q_proj", "v_proj"], policy_loss="native"))
     gen = torch.Generator().manual_seed(3)
     out = [EvalMember("base", None, "base")]

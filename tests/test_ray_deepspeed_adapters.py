@@ -10,7 +10,18 @@ import socket
 import pytest
 import torch
 
+from openrlhf_populora.cli.train import local_engine_config
+from openrlhf_populora.config import Config
 from openrlhf_populora.engines.ray import adapters_ds as A
+
+# the tiny model's tests: fp32, every linear layer, seed 0 (Config's defaults: auto dtype, q/k/v/o, 42)
+TEST_ENGINE = {"dtype": "fp32", "lora_target_modules": "all-linear", "seed": 0}
+
+
+def engine_config(**overrides):
+    """The local engine's config from Config's defaults (the one source), the tiny-model test defaults, then
+    ``overrides``."""
+    return local_engine_config(Config(), **{**TEST_ENGINE, **overrides})
 
 NAMES = ["t0", "t1", "s0", "s1"]
 LR, BETAS = 1e-2, (0.9, 0.95)
@@ -110,9 +121,9 @@ def test_attach_gives_exactly_the_names_reproducibly_per_seed_and_name(tiny_mode
 
 
 def test_keys_match_the_embedded_engine(tiny_model_dir):
-    from openrlhf_populora.engines.local import LocalEngine, LocalEngineConfig
+    from openrlhf_populora.engines.local import LocalEngine
 
-    local = LocalEngine(LocalEngineConfig(model_name_or_path=tiny_model_dir, lora_rank=4, lora_alpha=8,
+    local = LocalEngine(engine_config(model_name_or_path=tiny_model_dir, lora_rank=4, lora_alpha=8,
                                           lora_target_modules=["all-linear"], seed=3))
     local.add_adapter("t0")
     actor = make_actor(tiny_model_dir, 2, names=["t0"], seed=3, engine=False)
@@ -149,7 +160,9 @@ def test_round_trip_and_low_precision_copy(tiny_model_dir, stage):
 
 
 @pytest.mark.parametrize("stage", [2, 3])
-def test_write_then_step_moves_from_the_written_values_with_fresh_moments(tiny_model_dir, stage):
+def test_write_and_a_reset_step_count_give_a_fresh_adams_first_step(tiny_model_dir, stage):
+    """Evolution's reset: the written values, zero moments, and (set_adam_step(0)) the bias correction of a first
+    step. Without the step-count reset the child's first update would be ~0.73x a fresh Adam's here (t = 3)."""
     from deepspeed.utils import safe_get_full_grad
 
     actor = make_actor(tiny_model_dir, stage)
@@ -160,12 +173,15 @@ def test_write_then_step_moves_from_the_written_values_with_fresh_moments(tiny_m
     new = {k: v + torch.randn(v.shape, generator=gen) * 0.05 for k, v in A.adapter_state(actor, "t1").items()}
     A.write_adapter(actor, "t1", new)
     assert all(m.abs().sum() == 0 for v in moments(actor, "t1").values() for m in v.values())
+    assert A.adam_steps(actor.model) == {2}
+    A.set_adam_step(actor.model, 0)
     backward(actor, "t1")
     params = A.lora_parameters(actor, "t1")
     grads = {k: safe_get_full_grad(p).float().reshape(new[k].shape).clone() for k, p in params.items()}
     actor.model.step()
     after, mom = A.adapter_state(actor, "t1"), moments(actor, "t1")
-    t = 3  # Adam's step count is per parameter group: the reset adapter keeps counting (no bias-correction reset)
+    assert A.adam_steps(actor.model) == {1}
+    t = 1  # a fresh Adam: the first step's bias correction
     scale = LR * ((1 - BETAS[0]) / (1 - BETAS[0] ** t)) / ((1 - BETAS[1]) / (1 - BETAS[1] ** t)) ** 0.5
     for k in new:
         g = grads[k]

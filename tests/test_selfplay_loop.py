@@ -202,14 +202,19 @@ def test_baseline_run_end_to_end(tmp_path):
 
 
 def test_resume_reproduces_an_uninterrupted_run(tmp_path):
+    def config_for(run_dir, steps):  # evolution every step: the second leg retires members the first exported
+        config = _config(run_dir, total_steps=steps)
+        config.populora.evolution.evolve_every = 1
+        return config
+
     straight = tmp_path / "straight"
-    config = _config(straight, total_steps=3)
+    config = config_for(straight, 3)
     assert run(config, _build, progress=False) == 0
 
     resumed = tmp_path / "resumed"
-    first_leg = _config(resumed, total_steps=2)
+    first_leg = config_for(resumed, 2)
     assert run(first_leg, _build, progress=False) == 0
-    second_leg = _config(resumed, total_steps=3)
+    second_leg = config_for(resumed, 3)
     second_leg.ckpt.load_enable = True
     assert run(second_leg, _build, progress=False) == 0
 
@@ -217,6 +222,10 @@ def test_resume_reproduces_an_uninterrupted_run(tmp_path):
     assert [r["step"] for r in b] == [1, 2, 3]
     for x, y in zip(a, b, strict=True):
         assert _comparable(x) == pytest.approx(_comparable(y), rel=1e-6, abs=1e-9)
+    # the run directory holds the living members' adapters only, also after a resume (a member retired in the
+    # second leg had been exported by the first)
+    assert sorted(p.name for p in (resumed / "adapters").iterdir()) == sorted(
+        p.name for p in (straight / "adapters").iterdir())
     for member in json.loads((straight / "population.json").read_text())["members"]:
         if member["retired_step"] is None:
             sa = _adapter(straight, member["id"])

@@ -99,7 +99,7 @@ def build_local_backend(
     if engine is None:
         from openrlhf_populora.engines.local import LocalEngine, LocalEngineConfig
 
-        config = LocalEngineConfig(
+        config = LocalEngineConfig.for_inference(
             model_name_or_path=base_model,
             lora_rank=int(lora.get("r", 8)),
             lora_alpha=int(lora.get("lora_alpha", 16)),
@@ -108,7 +108,6 @@ def build_local_backend(
             device=device,
             num_threads=1 if device == "cpu" else None,
             generation_batch_size=batch_size,
-            policy_loss="native",  # evaluation never trains: skip importing OpenRLHF's loss
         )
         engine = LocalEngine(config)
     slots = assign_slots(members)

@@ -23,6 +23,9 @@ Key families (``<tt>`` is a task type such as ``code_o``; ``all`` aggregates ove
 ``matrix/<teacher>/<student>/solve_rate``        solve rate of a student on a teacher's valid problems
 ``member/<member>/<role>/<tt|all>/<metric>``     one member's value (metric from any list above, or
                                                  ``coverage`` for a teacher's own archive coverage)
+``sync/max_abs_logprob_diff``                    Ray engine: the largest |log-prob| difference between vLLM and
+                                                 the trainer on the sync probe after this step's uploads
+                                                 (per member: ``member/<id>/<role>/all/sync_logprob_diff``)
 ``time/<phase>``                                 wall-clock seconds of a phase (``generate_*``,
                                                  ``execute_*``, ``train``, ``evolve``, ``step``, ...)
 ``population/<name>``                            ``num_teachers``, ``num_students``
@@ -68,6 +71,8 @@ TRAIN_METRICS = {
     "kl": (None, "KL to the frozen base, when computed"),
     "lr": (None, "learning rate"),
 }
+SYNC_KEY = "sync/max_abs_logprob_diff"
+SYNC_DIAGNOSTIC = "sync_logprob_diff"  # the engine's per-adapter diagnostic, and the member metric's name
 COMPLEXITY_AXES = ("ast_depth", "ast_nodes", "cyclomatic", "loc", "halstead_volume")
 COVERAGE_METRICS = {
     "overall": "fraction of the CVT cells holding at least one program (0..1)",

@@ -100,6 +100,9 @@ def _export(loop: SelfPlay, run_dir: Path) -> None:
     """The run directory's human-facing files: adapters in PEFT format, population, buffers."""
     adapters = run_dir / "adapters"
     adapters.mkdir(exist_ok=True)
+    for member in loop.population.members:  # a member retired since an earlier export (a resumed run) goes
+        if not member.alive:
+            shutil.rmtree(adapters / member.id, ignore_errors=True)
     for member in loop.population.alive():
         loop.engine.save_adapter(member.adapter, str(adapters / member.id))
     loop.population.snapshot_ratings(loop.ratings)

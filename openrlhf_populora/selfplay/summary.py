@@ -14,6 +14,8 @@ from typing import Any
 from openrlhf_populora.metrics.keys import (
     ALL,
     COMPLEXITY_AXES,
+    SYNC_DIAGNOSTIC,
+    SYNC_KEY,
     complexity_key,
     matchup_key,
     matrix_key,
@@ -96,6 +98,15 @@ def step_metrics(loop: Any, output: Any) -> dict[str, Any]:
                 per_metric[name].append(float(stats[source]))
     for name, values in per_metric.items():
         out[train_key(name)] = fmean(values)
+    # the Ray engine's sync proof: vLLM against the trainer after each adapter's upload
+    syncs = {adapter: float(stats[SYNC_DIAGNOSTIC]) for adapter, stats in output.train_stats.items()
+             if isinstance(stats.get(SYNC_DIAGNOSTIC), (int, float))}
+    for adapter, value in syncs.items():
+        member = population.get(output.trained[adapter])
+        out[member_key(member.id, "student" if member.role == "student" else "teacher", SYNC_DIAGNOSTIC)] = value
+    if syncs:
+        out[SYNC_KEY] = max(syncs.values())
+        out[time_key("sync_probe")] = sum(float(stats.get("sync_seconds", 0.0)) for stats in output.train_stats.values())
 
     # coverage (cumulative archive) and ratings
     out.update(loop.archive.metrics([m.id for m in population.teachers()]))

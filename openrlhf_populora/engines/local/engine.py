@@ -16,14 +16,9 @@ tensors, their gradients and AdamW states are always fp32.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import tempfile
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
-from pathlib import Path
 
 import torch
 
@@ -38,22 +33,17 @@ from openrlhf_populora.engines.base import (
 from openrlhf_populora.engines.local.attention import use_decode_attention
 from openrlhf_populora.engines.local.config import DTYPES, LocalEngineConfig, resolve_dtype
 from openrlhf_populora.engines.local.generation import generate_rows
-from openrlhf_populora.engines.local.lora import MixedLoRA, check_supported
+from openrlhf_populora.engines.local.lora import MixedLoRA, check_supported, check_target_modules
+from openrlhf_populora.engines.local.state import read_state, write_state
 from openrlhf_populora.engines.local.training import (
     accumulate_gradients,
+    apply_update,
     lr_factor,
     make_policy_loss,
     micro_batches,
     score,
 )
-
-STATE_FILE = "engine_state.pt"
-
-
-def derive_seed(*parts: object) -> int:
-    """A stable 63-bit seed from any printable parts (not Python's salted ``hash``)."""
-    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & (2**63 - 1)
+from openrlhf_populora.engines.seeding import adapter_init_seed, derive_seed
 
 
 class LocalEngine:
@@ -82,15 +72,15 @@ class LocalEngine:
         if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer needs both an eos_token and a pad_token")
         self.stop_ids = self._stop_ids()
-        self._check_target_modules()
+        check_target_modules(self.base, config.lora_target_modules)
         self.peft = None  # the PeftModel wrapping self.base, created with the first adapter
         self._adapters: dict[str, dict[str, torch.nn.Parameter]] = {}  # name -> {peft key: parameter}
-        self._optimizers: dict[str, torch.optim.Optimizer] = {}
+        self._optimizers: dict[str, torch.optim.Optimizer | None] = {}  # None: an engine that only generates
         self._generate_calls = 0  # seeds unseeded generate() calls reproducibly; part of save_state
         self.updates = 0  # train_step calls so far: the learning-rate schedule's clock; part of save_state
         self._loss_fn, self.policy_loss_source = make_policy_loss(
             config.policy_loss, config.eps_clip_low, config.eps_clip_high
-        )
+        ) if config.trains else (None, None)
 
     @staticmethod
     def _load(config: LocalEngineConfig, dtype: str):
@@ -112,20 +102,6 @@ class LocalEngine:
         if gen_eos is not None:
             ids.update([gen_eos] if isinstance(gen_eos, int) else gen_eos)
         return ids
-
-    def _check_target_modules(self) -> None:
-        """ValueError now, naming what the model has, for a LoRA target that matches none of its modules (peft
-        would raise only when the first adapter is made, and less clearly)."""
-        targets = self.config.lora_target_modules
-        if isinstance(targets, str) or list(targets) == ["all-linear"]:
-            return
-        names = [name for name, _ in self.base.named_modules()]
-        missing = [t for t in targets if not any(n == t or n.endswith(f".{t}") for n in names)]
-        if missing:
-            linear = sorted({n.rsplit(".", 1)[-1] for n, m in self.base.named_modules()
-                             if isinstance(m, torch.nn.Linear)})
-            raise ValueError(f"LoRA target modules {missing} match no module of this model; its linear layers are "
-                             f"{', '.join(linear)} (or use all-linear)")
 
     @property
     def device(self) -> torch.device:
@@ -156,7 +132,7 @@ class LocalEngine:
         if name in self._adapters:
             raise ValueError(f"adapter {name!r} already exists")
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(self.config.seed, "adapter-init", name))
+            torch.manual_seed(adapter_init_seed(self.config.seed, name))
             if self.peft is None:
                 from peft import get_peft_model
 
@@ -184,8 +160,10 @@ class LocalEngine:
             raise RuntimeError(f"no LoRA parameters found for adapter {name!r} (target_modules matched nothing?)")
         return dict(sorted(params.items()))
 
-    def _new_optimizer(self, name: str) -> torch.optim.Optimizer:
+    def _new_optimizer(self, name: str) -> torch.optim.Optimizer | None:
         c = self.config
+        if not c.trains:
+            return None
         return torch.optim.AdamW(
             list(self._adapters[name].values()), lr=c.lr, betas=tuple(c.adam_betas), eps=c.adam_eps,
             weight_decay=c.weight_decay,
@@ -326,19 +304,28 @@ class LocalEngine:
                       temperature=c.logprob_temperature, entropy=entropy, device=self.device) for groups in batches]
 
     @torch.no_grad()
-    def response_log_probs(self, trajectories: Sequence[Trajectory]) -> list[float]:
-        """Sum of the response tokens' log-probs (at ``logprob_temperature``) under each trajectory's
-        adapter, in order (not in the protocol; for diagnostics and tests)."""
+    def token_log_probs(self, trajectories: Sequence[Trajectory]) -> list[list[float]]:
+        """Each response token's log-prob (at ``logprob_temperature``) under its trajectory's adapter, in order
+        (not in the protocol; for diagnostics and tests)."""
         self._check_trajectories(trajectories)
         self.peft.eval()
         batches = micro_batches(trajectories, self.config.micro_batch_size, self.config.share_prompts)
-        totals = [0.0] * len(trajectories)
+        out: list[list[float]] = [[] for _ in trajectories]
         context, mixer = self._mixer(self.adapter_names())
         with context:
             for s in self._scores(trajectories, self._forward(mixer), batches):
-                for i, value in zip(s.rows, (s.logp * s.mask).sum(-1).tolist(), strict=True):
-                    totals[i] = value
-        return totals
+                for r, i in enumerate(s.rows):
+                    out[i] = s.logp[r][s.mask[r].bool()].tolist()
+        return out
+
+    def response_log_probs(self, trajectories: Sequence[Trajectory]) -> list[float]:
+        """Sum of the response tokens' log-probs under each trajectory's adapter, in order."""
+        return [sum(values) for values in self.token_log_probs(trajectories)]
+
+    def _check_trains(self) -> None:
+        if not self.config.trains:
+            raise RuntimeError("this engine was configured for inference (LocalEngineConfig.for_inference): it "
+                               "has no optimizer settings and cannot train")
 
     def _check_trajectories(self, trajectories: Sequence[Trajectory]) -> None:
         vocab = self.base.get_input_embeddings().num_embeddings
@@ -356,6 +343,7 @@ class LocalEngine:
         rate of update number ``self.updates`` (the schedule counts updates, so a child born by evolution
         follows the run's schedule, not a fresh one). Returns each adapter's diagnostics, averaged over the
         epochs, with ``updates`` = the epochs taken."""
+        self._check_trains()
         self._check_trajectories(trajectories)
         c = self.config
         old: list | None = None
@@ -375,6 +363,7 @@ class LocalEngine:
     def gradients(self, trajectories: Sequence[Trajectory]) -> dict[str, dict[str, torch.Tensor]]:
         """Each adapter's gradient of its loss on ``trajectories``, keyed like :meth:`get_adapter`, without
         clipping or updating anything (not in the protocol; for diagnostics and tests)."""
+        self._check_trains()
         self._check_trajectories(trajectories)
         stats, _ = self._accumulate(trajectories)
         grads = {}
@@ -413,29 +402,9 @@ class LocalEngine:
 
     def _apply_update(self, name: str, lr: float, stats: dict[str, float], trajectories) -> dict[str, float]:
         """Clip adapter ``name``'s accumulated gradient to ``max_norm`` and take its AdamW step."""
-        params = list(self._adapters[name].values())
-        if self.config.max_norm > 0:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.config.max_norm))
-        else:
-            grads = [p.grad.norm() for p in params if p.grad is not None]
-            grad_norm = float(torch.stack(grads).norm()) if grads else 0.0
-        optimizer = self._optimizers[name]
-        for param_group in optimizer.param_groups:
-            param_group["lr"] = lr
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        num_tokens = stats["num_tokens"]
         sequences = float(sum(t.adapter == name for t in trajectories))
-        return {
-            "loss": stats["loss"],
-            "grad_norm": grad_norm,
-            "entropy": stats["entropy"],
-            "clip_ratio": stats["clipped"] / num_tokens,
-            "lr": lr,
-            "num_tokens": num_tokens,
-            "num_sequences": sequences,
-            "response_length": num_tokens / sequences,
-        }
+        return apply_update(list(self._adapters[name].values()), self._optimizers[name], lr, self.config.max_norm,
+                            stats, sequences)
 
     # ------------------------------------------------------------------------------------- state
 
@@ -445,7 +414,7 @@ class LocalEngine:
             "format": 1,
             "adapters": self.adapter_names(),
             "weights": {name: self.get_adapter(name) for name in self._adapters},
-            "optimizers": {name: opt.state_dict() for name, opt in self._optimizers.items()},
+            "optimizers": {name: opt.state_dict() if opt else None for name, opt in self._optimizers.items()},
             "generate_calls": self._generate_calls,
             "updates": self.updates,
             "lora": {"rank": self.config.lora_rank, "alpha": self.config.lora_alpha},
@@ -465,7 +434,8 @@ class LocalEngine:
             if name not in self._adapters:
                 self.add_adapter(name)
             self.set_adapter(name, state["weights"][name])
-            self._optimizers[name].load_state_dict(state["optimizers"][name])
+            if self._optimizers[name] is not None:
+                self._optimizers[name].load_state_dict(state["optimizers"][name])
         order = list(state["adapters"])
         self._adapters = {n: self._adapters[n] for n in order}
         self._optimizers = {n: self._optimizers[n] for n in order}
@@ -473,24 +443,10 @@ class LocalEngine:
         self.updates = int(state.get("updates", 0))
 
     def save_state(self, path: str) -> None:
-        """Write ``<path>/engine_state.pt`` atomically (a crash mid-write leaves the old file intact)."""
-        out = Path(path)
-        out.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=out, prefix=".engine_state.", suffix=".tmp")
-        os.close(fd)
-        try:
-            torch.save(self.state_dict(), tmp)
-            os.replace(tmp, out / STATE_FILE)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-        (out / "engine_config.json").write_text(json.dumps(asdict(self.config), indent=1, default=str))
+        write_state(path, self.state_dict(), asdict(self.config))
 
     def load_state(self, path: str) -> None:
-        file = Path(path) / STATE_FILE
-        if not file.is_file():
-            raise FileNotFoundError(f"no engine state at {file}")
-        self.load_state_dict(torch.load(file, map_location="cpu", weights_only=True))
+        self.load_state_dict(read_state(path))
 
     def close(self) -> None:
         self._optimizers.clear()

@@ -107,3 +107,16 @@ class MixedLoRA:
         self._hooks = []
         self._context.__exit__(*exc)
         return False
+
+
+def check_target_modules(model: torch.nn.Module, targets) -> None:
+    """ValueError naming what ``model`` has, for a LoRA target that matches none of its modules (peft would raise
+    only when the first adapter is made, and less clearly). ``all-linear`` matches every model."""
+    if isinstance(targets, str) or list(targets) == ["all-linear"]:
+        return
+    names = [name for name, _ in model.named_modules()]
+    missing = [t for t in targets if not any(n == t or n.endswith(f".{t}") for n in names)]
+    if missing:
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+        raise ValueError(f"LoRA target modules {missing} match no module of this model; its linear layers are "
+                         f"{', '.join(linear)} (or use all-linear)")

@@ -242,3 +242,29 @@ def accumulate_gradients(forward: Forward, trajectories: Sequence[Trajectory], b
     for adapter, tokens in num_tokens.items():
         stats[adapter]["num_tokens"] = tokens
     return stats, used_old
+
+
+def apply_update(params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer, lr: float, max_norm: float,
+                 stats: dict[str, float], sequences: float) -> dict[str, float]:
+    """One adapter's optimizer step: clip its accumulated gradient to ``max_norm`` (``<= 0``: no clip), step its
+    own AdamW at ``lr``, and return its diagnostics (``stats`` from :func:`accumulate_gradients`)."""
+    if max_norm > 0:
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    else:
+        grads = [p.grad.norm() for p in params if p.grad is not None]
+        grad_norm = float(torch.stack(grads).norm()) if grads else 0.0
+    for param_group in optimizer.param_groups:
+        param_group["lr"] = lr
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    num_tokens = stats["num_tokens"]
+    return {
+        "loss": stats["loss"],
+        "grad_norm": grad_norm,
+        "entropy": stats["entropy"],
+        "clip_ratio": stats["clipped"] / num_tokens,
+        "lr": lr,
+        "num_tokens": num_tokens,
+        "num_sequences": sequences,
+        "response_length": num_tokens / sequences,
+    }

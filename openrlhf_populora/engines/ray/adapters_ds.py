@@ -27,13 +27,9 @@ from typing import Any
 
 import torch
 
+from openrlhf_populora.engines.seeding import adapter_init_seed
+
 MOMENT_KEYS = ("exp_avg", "exp_avg_sq")  # Adam's optimizer state per parameter
-
-
-def _derive_seed(*parts: object) -> int:
-    from openrlhf_populora.engines.local import derive_seed  # the embedded engine's init, for equal seeds
-
-    return derive_seed(*parts)
 
 
 def peft_model(model: Any):
@@ -71,9 +67,8 @@ def attach_adapters(model: Any, names: Sequence[str], lora_config=None, seed: in
     """Give the peft-wrapped ``model`` exactly the adapters ``names`` (in that order), all trainable.
 
     ``lora_config`` defaults to the existing ``"default"`` adapter's config (the one OpenRLHF built from the
-    ``--ds.lora.*`` flags). Each adapter is initialised under ``torch.manual_seed(derive_seed(seed,
-    "adapter-init", name))`` -- the same rule as the embedded engine -- so its weights depend only on (seed,
-    name). Call before ``strategy.prepare``: the optimizer takes the parameters that require grad then.
+    ``--ds.lora.*`` flags). Each adapter is initialised under ``torch.manual_seed(adapter_init_seed(seed,
+    name))`` -- the same rule as the embedded engine -- so its weights depend only on (seed, name). Call before ``strategy.prepare``: the optimizer takes the parameters that require grad then.
     """
     names = list(names)
     if not names or len(set(names)) != len(names):
@@ -89,13 +84,13 @@ def attach_adapters(model: Any, names: Sequence[str], lora_config=None, seed: in
         if name in existing:
             continue
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(_derive_seed(seed, "adapter-init", name))
+            torch.manual_seed(adapter_init_seed(seed, name))
             peft.add_adapter(name, lora_config)
     peft.set_adapter(names[0])
     for old in existing:
         if old in names:  # e.g. "default" requested by name: re-initialise it by the same rule
             with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(_derive_seed(seed, "adapter-init", old))
+                torch.manual_seed(adapter_init_seed(seed, old))
                 for module in peft.modules():
                     if hasattr(module, "reset_lora_parameters") and old in getattr(module, "lora_A", {}):
                         module.reset_lora_parameters(old, True)
@@ -276,7 +271,9 @@ def write_adapter(model: Any, name: str, tensors: Mapping[str, torch.Tensor]) ->
     For evolution: the next optimizer step starts from these weights with zero ``exp_avg``/``exp_avg_sq``.
     Writes the fp32 master (``safe_set_full_fp32_param``), the moments (``safe_set_full_optimizer_state``) and
     the low-precision ``p.data`` (gathered under ZeRO-3). Collective under ZeRO-3: every rank calls, with the
-    same tensors. Adam's step count is per parameter group and is not reset.
+    same tensors. Adam's step count lives per parameter group, shared by the adapters; the multi-adapter trainer
+    keeps each adapter's own count and sets it before the adapter's step (:func:`set_adam_step`), and the policy
+    actor resets the written adapter's count to 0.
     """
     validate_adapter_tensors(model, name, tensors)
     engine = ds_engine(model)
@@ -304,6 +301,8 @@ class AdapterSnapshot:
         self.saved: list[tuple[torch.nn.Parameter, dict[str, torch.Tensor]]] = []
         for name in self.names:
             for param in lora_parameters(model, name).values():
+                if with_moments:
+                    _link_moments(self.engine, param)  # after a checkpoint load ZeRO-1/2 link them lazily
                 pieces = {key: view.detach().clone() for key, view in _local_pieces(param, with_moments).items()}
                 self.saved.append((param, pieces))
 
@@ -337,6 +336,37 @@ def _local_pieces(param: torch.nn.Parameter, with_moments: bool) -> dict[str, to
         if with_moments:
             pieces.update({k: mapping.get_hp_fragment(k) for k in MOMENT_KEYS})
     return pieces
+
+
+def _inner_optimizer(engine):
+    """The torch-level optimizer under DeepSpeed's ZeRO wrapper (or the engine's optimizer itself)."""
+    optimizer = engine.optimizer
+    return getattr(optimizer, "optimizer", optimizer)
+
+
+def set_adam_step(engine, step: int) -> None:
+    """Set the optimizer's step count, wherever it keeps it (``param_groups[i]["step"]`` for DeepSpeed's fused
+    Adam, ``state[p]["step"]`` for torch's and DeepSpeed's CPU Adam), to ``step`` for every parameter group.
+    The next ``engine.step()`` then updates with the bias correction of step ``step + 1``. Before the optimizer's
+    first step there is no state yet; it starts at 0 by itself."""
+    optimizer = _inner_optimizer(engine)
+    for group in optimizer.param_groups:
+        if "step" in group:
+            group["step"] = step
+    for state in optimizer.state.values():  # every state, not only the groups' current params (ZeRO-3 swaps
+        if "step" in state:                 # one sub-group's fp32 partition into its param group at a time)
+            if torch.is_tensor(state["step"]):
+                state["step"].fill_(step)
+            else:
+                state["step"] = step
+
+
+def adam_steps(engine) -> set[int]:
+    """The distinct step counts the optimizer holds (tests and diagnostics)."""
+    optimizer = _inner_optimizer(engine)
+    seen = {int(group["step"]) for group in optimizer.param_groups if "step" in group}
+    seen |= {int(state["step"]) for state in optimizer.state.values() if "step" in state}
+    return seen
 
 
 def adapter_grad_norm(model: Any, name: str) -> float:

@@ -1,32 +1,44 @@
 """The training side of the Ray engine: OpenRLHF's policy actor with N LoRA adapters in ONE DeepSpeed engine.
 
-- :class:`MultiAdapterActorTrainer` (an ``ActorPPOTrainer``) trains one adapter per micro-batch: the adapter is
-  the sample's ``info[ADAPTER_INFO_KEY]`` (an index into the run's adapter names). Micro-batches are
-  adapter-homogeneous for any ``--train.micro_batch_size`` (an adapter-bucketed replay buffer), and every
-  metric is also reported per adapter.
-- No Adam drift on adapters without gradient: one optimizer holds all adapters, and a step moves every
-  parameter that has Adam moments, gradient or not (and under ZeRO-3 DeepSpeed even re-applies the previous
-  gradient of a parameter that got none). At each real optimizer step the trainer finds the adapters that got
-  no gradient in that step (on any data-parallel rank), snapshots their local optimizer-side state
-  (:class:`~openrlhf_populora.engines.ray.adapters_ds.AdapterSnapshot`: fp32 master, Adam moments,
-  low-precision copy; no collectives) and restores it right after the step, so they leave the step
-  bit-identical; under ZeRO-3 it then zeroes the kept gradient partitions. The adapters that did train share
-  Adam's per-group step count and the global gradient-norm clipping (one norm over the adapters present).
-- Data parallelism: ranks may train different adapters in the same step. With more than one rank every
-  adapter runs in every forward pass, the inactive ones with LoRA scaling 0 (bit-identical outputs, exactly
-  zero gradients), so DeepSpeed's gradient buckets and ZeRO-3 gathers see the same parameters on every rank
-  (``adapters_ds.activate(all_in_graph=True)``; the cost is one LoRA product per adapter per layer).
-- :class:`PopuLoRAPolicyActor` (the Ray actor, ``num_gpus=1``) builds the adapters named
-  ``strategy.args.populora.adapter_names`` before ``strategy.prepare`` (one engine, one optimizer) and
-  otherwise runs upstream's ``init_model_from_pretrained`` unchanged. It reads and writes adapters in PEFT's
-  saved format (``get_adapter_state``/``set_adapter_state``: collectives, every rank calls in the same order),
-  keeps the population state in the DeepSpeed checkpoint's client states, and does not broadcast to vLLM:
-  the controller uploads changed adapters through the vLLM actors' ``load_adapter``.
+**One algorithm with the local engine.** Per self-play step, and per epoch of ``--train.max_epochs``, every
+adapter with samples takes exactly one optimizer update on its own samples, with its own loss normalisation
+(the token mean over its response tokens on all ranks), its own gradient clip and its own Adam step count --
+what ``engines/local`` does. :class:`MultiAdapterActorTrainer` gets there with one DeepSpeed engine and one
+optimizer over all adapters:
+
+- **one window per adapter.** ``ppo_train`` runs each adapter's micro-batches as one gradient-accumulation
+  window whose boundary it sets itself (``set_gradient_accumulation_boundary``), through upstream's own
+  ``training_step`` (its policy loss, entropy and KL terms) with the loss normaliser of that adapter alone. The
+  window ends in one optimizer step, in which only that adapter has gradient, so DeepSpeed's global
+  gradient-norm clip is that adapter's own clip;
+- **the others stay put.** Adam moves a parameter that has moments even without gradient (and ZeRO-3 keeps
+  stale gradient partitions), so the other adapters' optimizer-side state is snapshotted before the window and
+  restored after its step (:class:`~openrlhf_populora.engines.ray.adapters_ds.AdapterSnapshot`: fp32 master,
+  Adam moments, low-precision copy; no collectives), leaving them bit-identical;
+- **Adam's step count per adapter.** The optimizer counts steps per parameter group, shared by all adapters;
+  the trainer keeps each adapter's own count (:attr:`MultiAdapterActorTrainer.adam_steps`, saved in
+  checkpoints) and sets the optimizer's to it before the adapter's step, so bias correction is the adapter's
+  own. Evolution writes a child with zero moments and count 0: a fresh Adam, as on the local engine;
+- **the LR schedule counts updates**, one per epoch of the self-play step (DeepSpeed's per-optimizer-step
+  scheduler call is held back), so ``--populora.total_steps x --train.max_epochs`` is its length.
+
+Data parallelism: ranks may hold different adapters' samples. Every rank runs every adapter's window with the
+same number of micro-batches (padded with a micro-batch whose loss mask is empty: zero loss, zero gradient), and
+with more than one rank every adapter runs in every forward pass with the inactive ones' LoRA scaling at 0
+(``adapters_ds.activate(all_in_graph=True)``), so DeepSpeed's reductions and ZeRO-3's gathers see the same
+parameters on every rank.
+
+:class:`PopuLoRAPolicyActor` (the Ray actor, ``num_gpus=1``) builds the adapters named
+``strategy.args.populora.adapter_names`` before ``strategy.prepare`` (one engine, one optimizer) and otherwise
+runs upstream's ``init_model_from_pretrained`` unchanged. It reads and writes adapters in PEFT's saved format
+(``get_adapter_state``/``set_adapter_state``: collectives, every rank calls in the same order), scores sequences
+per adapter (``forward``, also the sync probe's trainer side), keeps the population state in the DeepSpeed
+checkpoint's client states, and does not broadcast to vLLM: the controller uploads changed adapters through the
+vLLM actors' ``load_adapter``.
 """
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -34,7 +46,6 @@ from typing import Any
 import ray
 import torch
 from openrlhf.trainer.ppo_utils.experience import Experience, make_experience_batch
-from openrlhf.trainer.ppo_utils.replay_buffer import NaiveReplayBuffer
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 from openrlhf.utils.vlm_utils import merge_mm_train_inputs
 
@@ -44,6 +55,7 @@ from . import adapters_ds as ads
 PER_ADAPTER_PREFIX = "populora"  # status["populora/<adapter>/<metric>"] = float (flat: upstream logs floats)
 CLIENT_STATE_KEY = "populora"  # DeepSpeed client_states[CLIENT_STATE_KEY] = the controller's population state
 ADAPTER_NAMES_STATE_KEY = "populora_adapter_names"  # the adapter names a checkpoint was saved with
+ADAM_STEPS_STATE_KEY = "populora_adam_steps"  # each adapter's own Adam step count
 
 
 def split_per_adapter(status: Mapping[str, Any]) -> dict[str, dict[str, float]]:
@@ -74,120 +86,39 @@ def adapter_index_of(info: Mapping[str, Any]) -> list[int]:
     return [int(v) for v in torch.as_tensor(value).reshape(-1).tolist()]
 
 
-def plan_buckets(adapter_of_items: Sequence[int], micro_batch_size: int, accumulation_steps: int = 1,
-                 min_buckets: int = 0):
-    """Group item indices into adapter-homogeneous micro-batches of at most ``micro_batch_size``.
-
-    Each adapter's items (in order) are chunked; then, while the number of micro-batches is below
-    ``min_buckets`` or not a multiple of ``accumulation_steps``, and some micro-batch holds more than one
-    item, the largest is split in two -- so the last gradient-accumulation window is complete whenever the
-    item count allows it (a trailing partial window would never reach DeepSpeed's optimizer step), and all
-    data-parallel ranks can be given the same count. Returns a list of lists of item indices.
-    """
-    if micro_batch_size < 1 or accumulation_steps < 1:
-        raise ValueError("micro_batch_size and accumulation_steps must be >= 1")
-    by_adapter: dict[int, list[int]] = defaultdict(list)
-    for i, k in enumerate(adapter_of_items):
-        by_adapter[k].append(i)
-    buckets = [idx[j: j + micro_batch_size] for k in sorted(by_adapter) for idx in [by_adapter[k]]
-               for j in range(0, len(idx), micro_batch_size)]
-    target = math.ceil(max(len(buckets), min_buckets) / accumulation_steps) * accumulation_steps
-    while len(buckets) < target:
-        largest = max(range(len(buckets)), key=lambda b: len(buckets[b]))
-        if len(buckets[largest]) < 2:
-            break
-        half = len(buckets[largest]) // 2
-        buckets[largest: largest + 1] = [buckets[largest][:half], buckets[largest][half:]]
-    return buckets
+def _all_reduce(values: list[float], op) -> list[float]:
+    """Element-wise all-reduce of a few numbers over the data-parallel ranks (identity on one rank)."""
+    tensor = torch.tensor(values, dtype=torch.float64, device=device())
+    if data_parallel():
+        torch.distributed.all_reduce(tensor, op=op)
+    return tensor.tolist()
 
 
-class AdapterBucketedReplayBuffer(NaiveReplayBuffer):
-    """Upstream's replay buffer whose dataset items are whole adapter-homogeneous micro-batches.
-
-    ``ActorPPOTrainer.ppo_train`` builds ``DataLoader(buffer, batch_size=buffer.sample_batch_size,
-    shuffle=...)``; here ``sample_batch_size`` is 1 and item ``i`` is micro-batch ``i`` of
-    :func:`plan_buckets`, so upstream's shuffle shuffles micro-batches and never mixes adapters. Dynamic
-    batching is not supported.
-    """
-
-    def __init__(self, micro_batch_size: int, accumulation_steps: int = 1, limit: int = 0,
-                 cpu_offload: bool = True, packing_samples: bool = False):
-        super().__init__(micro_batch_size, limit, cpu_offload, packing_samples, dynamic_batch=False)
-        self.micro_batch_size = micro_batch_size
-        self.accumulation_steps = max(int(accumulation_steps), 1)
-        self.sample_batch_size = 1
-        self._buckets: list[list[int]] | None = None
-
-    def append(self, experience: Experience) -> None:
-        super().append(experience)
-        self._buckets = None
-
-    def clear(self) -> None:
-        super().clear()
-        self._buckets = None
-
-    def plan(self, min_buckets: int = 0) -> list[list[int]]:
-        """(Re)build the micro-batches, at least ``min_buckets`` of them where the items allow."""
-        adapters = [adapter_index_of(item.info)[0] for item in self.items]
-        self._buckets = plan_buckets(adapters, self.micro_batch_size, self.accumulation_steps, min_buckets)
-        return self._buckets
-
-    def buckets(self) -> list[list[int]]:
-        return self._buckets if self._buckets is not None else self.plan()
-
-    def __len__(self) -> int:
-        return len(self.buckets())
-
-    def __getitem__(self, idx: int) -> list[Experience]:
-        return [self.items[i] for i in self.buckets()[idx]]
-
-    def collate_fn(self, batch) -> Experience:
-        return make_experience_batch([item for bucket in batch for item in bucket], self.packing_samples)
-
-
-class _StepHookedStrategy:
-    """The trainer's view of the DeepSpeed strategy: everything forwards, except that ``optimizer_step`` runs
-    the trainer's hooks around the real optimizer step (at gradient-accumulation boundaries only)."""
-
-    def __init__(self, strategy, trainer: MultiAdapterActorTrainer):
-        self.__dict__["_strategy"] = strategy
-        self.__dict__["_trainer"] = trainer
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._strategy, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._strategy, name, value)
-
-    def optimizer_step(self, optimizer, model, scheduler, name="model", **kwargs) -> None:
-        engine = ads.ds_engine(model)
-        boundary = engine is not None and engine.is_gradient_accumulation_boundary()
-        context = self._trainer._before_optimizer_step() if boundary else None
-        self._strategy.optimizer_step(optimizer, model, scheduler, name=name, **kwargs)
-        if boundary:
-            self._trainer._after_optimizer_step(context)
+def empty_micro_batch(index: int, pad_token_id: int) -> Experience:
+    """A micro-batch of adapter ``index`` whose loss mask is empty: its loss and gradient are exactly 0. Ranks
+    with fewer micro-batches of an adapter than others run these, so every rank takes part in every window."""
+    return Experience(
+        sequences=torch.full((1, 2), pad_token_id, dtype=torch.long),
+        attention_mask=torch.ones((1, 2), dtype=torch.long),
+        action_mask=torch.zeros((1, 1), dtype=torch.long),
+        action_log_probs=torch.zeros((1, 1)),
+        advantages=torch.zeros((1, 1)),
+        returns=torch.zeros((1, 1)),
+        response_length=torch.zeros(1),
+        total_length=torch.full((1,), 2.0),
+        info={ADAPTER_INFO_KEY: torch.tensor([index])},
+    )
 
 
 class MultiAdapterActorTrainer(ActorPPOTrainer):
-    """``ActorPPOTrainer`` over N adapters: one adapter per micro-batch, per-adapter metrics, frozen absent
-    adapters (see the module docstring). ``freeze_absent=False`` turns the drift mitigation off (measurement).
-    """
+    """``ActorPPOTrainer`` over N adapters, each updated as the local engine updates it (module docstring)."""
 
-    def __init__(self, strategy, actor, *args, adapter_names: Sequence[str], freeze_absent: bool = True,
-                 **kwargs):
-        self.adapter_names = list(adapter_names)
-        self.freeze_absent = freeze_absent
-        super().__init__(_StepHookedStrategy(strategy, self), actor, *args, **kwargs)
+    def __init__(self, strategy, actor, *args, adapter_names: Sequence[str], **kwargs):
+        super().__init__(strategy, actor, *args, **kwargs)
         if self.args.train.dynamic_batch_enable:
             raise ValueError("--train.dynamic_batch_enable is not supported with PopuLoRA adapters")
-        self.replay_buffer = AdapterBucketedReplayBuffer(
-            self.micro_train_batch_size,
-            accumulation_steps=getattr(strategy, "accumulated_gradient", 1),
-            limit=self.replay_buffer.limit,
-            cpu_offload=self.replay_buffer.cpu_offload,
-            packing_samples=self.args.ds.packing_samples,
-        )
-        self._window: set[int] = set()  # adapters with a micro-batch since the last optimizer step
+        self.adapter_names = list(adapter_names)
+        self.adam_steps: dict[str, int] = {name: 0 for name in self.adapter_names}
         self._stats: dict[str, dict[str, float]] = {}
 
     # -- routing ------------------------------------------------------------------------------------------
@@ -202,121 +133,140 @@ class MultiAdapterActorTrainer(ActorPPOTrainer):
         return index
 
     def training_step(self, experience: Experience, kl_ctl: float, step: int, loss_batch_info=None):
-        index = self._adapter_of(experience)
-        name = self.adapter_names[index]
-        experience.info.pop(ADAPTER_INFO_KEY)
-        experience.info.pop(GROUP_INFO_KEY, None)
+        """Upstream's ``training_step`` (loss, backward, ``engine.step``) through the micro-batch's adapter. The
+        routing keys are hidden from it (it would log them as metrics) and kept for the next epoch."""
+        name = self.adapter_names[self._adapter_of(experience)]
         ads.activate(self.actor, name, all_in_graph=data_parallel())
-        self._window.add(index)
-        status = super().training_step(experience, kl_ctl, step, loss_batch_info)
-        self._record(name, status)
-        return status
+        info = experience.info
+        experience.info = {k: v for k, v in info.items() if k not in (ADAPTER_INFO_KEY, GROUP_INFO_KEY)}
+        try:
+            return super().training_step(experience, kl_ctl, step, loss_batch_info)
+        finally:
+            experience.info = info
 
-    # -- the optimizer step: per-adapter gradient norms, absent adapters frozen ---------------------------
+    # -- the update -----------------------------------------------------------------------------------------
 
-    def _present_everywhere(self) -> list[int]:
-        """Adapter indices with a micro-batch in this step on ANY data-parallel rank."""
-        flags = torch.zeros(len(self.adapter_names), dtype=torch.float32, device=device())
-        for index in self._window:
-            flags[index] = 1.0
-        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-            torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
-        return [i for i, f in enumerate(flags.tolist()) if f > 0]
+    def _micro_batches(self) -> dict[int, list[Experience]]:
+        """This rank's replay-buffer samples, grouped by adapter into micro-batches (buffer order kept)."""
+        by_adapter: dict[int, list[Experience]] = defaultdict(list)
+        for item in self.replay_buffer.items:
+            by_adapter[adapter_index_of(item.info)[0]].append(item)
+        size = self.micro_train_batch_size
+        return {k: [make_experience_batch(items[i:i + size], self.args.ds.packing_samples)
+                    for i in range(0, len(items), size)] for k, items in by_adapter.items()}
 
-    def _before_optimizer_step(self):
-        present = self._present_everywhere()
-        for index in present:  # collective under ZeRO-3: the same list on every rank
-            name = self.adapter_names[index]
-            stats = self._stats.setdefault(name, defaultdict(float))
-            stats["_grad_norm_sum"] += ads.adapter_grad_norm(self.actor, name)
-            stats["optimizer_steps"] += 1
-        absent = [n for i, n in enumerate(self.adapter_names) if i not in present]
-        return ads.AdapterSnapshot(self.actor, absent) if absent and self.freeze_absent else None
+    def ppo_train(self, kl_ctl: float):
+        """``--train.max_epochs`` updates of every adapter with samples (on any rank), one window each (module
+        docstring). Returns upstream-style batch means plus ``status["populora/<adapter>/<metric>"]``: ``loss``,
+        ``entropy`` (with ``--actor.entropy_coef``), ``clip_ratio``, ``grad_norm``, ``lr`` (means over the
+        epochs), ``updates``, ``num_sequences``, ``num_tokens``, ``response_length`` and ``reward``."""
+        self._stats = {}
+        batches = self._micro_batches()
+        counts = _all_reduce([len(batches.get(k, [])) for k in range(len(self.adapter_names))],
+                             torch.distributed.ReduceOp.MAX)
+        present = [k for k, count in enumerate(counts) if count > 0]
+        engine = ads.ds_engine(self.actor)
+        scheduler, engine.lr_scheduler = engine.lr_scheduler, None  # the schedule advances once per epoch
+        try:
+            for _ in range(self.max_epochs):
+                for index in present:
+                    self._update(index, batches.get(index, []), int(counts[index]), kl_ctl)
+                if scheduler is not None:
+                    scheduler.step()
+        finally:
+            engine.lr_scheduler = scheduler
+            engine.set_gradient_accumulation_boundary(None)
+        return self._status()
 
-    def _after_optimizer_step(self, snapshot) -> None:
-        if snapshot is not None:
-            snapshot.restore()
+    def _update(self, index: int, batches: list[Experience], count: int, kl_ctl: float) -> None:
+        """One optimizer update of adapter ``index`` from its ``batches`` (``count`` micro-batches on every rank)."""
+        name = self.adapter_names[index]
+        engine = ads.ds_engine(self.actor)
+        tokens, sequences = _all_reduce([sum(float(b.action_mask.sum()) for b in batches),
+                                         sum(float(b.action_mask.shape[0]) for b in batches)],
+                                        torch.distributed.ReduceOp.SUM)
+        gas = engine.gradient_accumulation_steps()  # DeepSpeed divides each backward by it: compensated here
+        norm = {"dp_size": torch.distributed.get_world_size() if data_parallel() else 1,
+                "batch_num_tokens": torch.tensor(tokens / gas), "global_batch_size": torch.tensor(sequences / gas)}
+        others = [n for n in self.adapter_names if n != name]
+        snapshot = ads.AdapterSnapshot(self.actor, others)
+        ads.set_adam_step(engine, self.adam_steps[name])
+        pad = self.tokenizer.pad_token_id if self.tokenizer is not None else 0
+        stats = self._stats.setdefault(name, defaultdict(float))
+        for i in range(count):
+            real = i < len(batches)
+            batch = batches[i] if real else empty_micro_batch(index, pad)
+            batch.to_device(device())
+            boundary = i == count - 1
+            engine.set_gradient_accumulation_boundary(boundary)
+            status = self.training_step(batch, kl_ctl, i, norm)
+            if real:
+                self._record(stats, status, scale=norm["dp_size"] * gas)
+            if boundary:
+                stats["_grad_norm"] += status["metrics"].get("actor_grad_norm", 0.0)
+                stats["_lr"] += float(status["metrics"]["actor_lr"])
+                stats["updates"] += 1
+        self.adam_steps[name] += 1
+        snapshot.restore()
         ads.clear_stale_grads(self.actor, self.adapter_names)
-        self._window.clear()
 
     # -- metrics ------------------------------------------------------------------------------------------
 
-    def _record(self, name: str, status: dict) -> None:
-        stats = self._stats.setdefault(name, defaultdict(float))
+    @staticmethod
+    def _record(stats: dict[str, float], status: dict, scale: float) -> None:
+        """Add one micro-batch. The policy and entropy losses come normalised by the window's token count times
+        ``scale`` (data-parallel size x DeepSpeed's accumulation steps), so their sum over a window and the ranks,
+        divided by ``scale``, is the window's token mean; the clip ratio is a micro-batch mean."""
         metrics, n_tokens, n_samples = status["metrics"], status["num_action_tokens"], status["num_samples"]
         stats["_tokens"] += n_tokens
         stats["_samples"] += n_samples
-        stats["_loss_sum"] += float(metrics["policy_loss"].float().mean()) * n_tokens
+        stats["_loss_sum"] += float(metrics["policy_loss"].float().sum()) / scale
         if isinstance(metrics.get("entropy_loss"), torch.Tensor):
-            stats["_entropy_sum"] += float(metrics["entropy_loss"].float().mean()) * n_tokens
+            stats["_entropy_sum"] += float(metrics["entropy_loss"].float().sum()) / scale
+        if isinstance(metrics.get("ppo_clip_ratio"), torch.Tensor):
+            stats["_clip_sum"] += float(metrics["ppo_clip_ratio"].float().mean()) * n_tokens
         for key in ("response_length", "reward"):
             value = metrics.get(key)
             if isinstance(value, torch.Tensor):
                 stats[f"_{key}_sum"] += float(value.float().sum())
 
-    def _per_adapter_metrics(self) -> dict[str, dict[str, float]]:
-        """Sums over this rank's micro-batches, all-reduced over ranks, turned into means per adapter."""
-        fields = ("_tokens", "_samples", "_loss_sum", "_entropy_sum", "_response_length_sum", "_reward_sum")
-        local = {f"{n}/{f}": float(self._stats.get(n, {}).get(f, 0.0)) for n in self.adapter_names for f in fields}
-        total = self.strategy.all_reduce(local, op="sum") if torch.distributed.is_initialized() else local
-        out = {}
-        for name in self.adapter_names:
+    def _status(self) -> dict[str, float]:
+        """Per-adapter means (sums over this rank's micro-batches, all-reduced over ranks) and batch means."""
+        fields = ("_tokens", "_samples", "_loss_sum", "_entropy_sum", "_clip_sum", "_response_length_sum",
+                  "_reward_sum")
+        names = self.adapter_names
+        local = [float(self._stats.get(n, {}).get(f, 0.0)) for n in names for f in fields]
+        total = dict(zip([f"{n}/{f}" for n in names for f in fields],
+                         _all_reduce(local, torch.distributed.ReduceOp.SUM), strict=True))
+        status: dict[str, float] = {}
+        for name in names:
             samples, tokens = total[f"{name}/_samples"], total[f"{name}/_tokens"]
-            if samples == 0:
+            updates = self._stats.get(name, {}).get("updates", 0.0)
+            if not updates:
                 continue
-            stats = self._stats.get(name, {})
-            steps = stats.get("optimizer_steps", 0.0)
-            out[name] = {
-                "loss": total[f"{name}/_loss_sum"] / max(tokens, 1.0),  # the policy loss, token-mean
-                "response_length": total[f"{name}/_response_length_sum"] / samples,
-                "reward": total[f"{name}/_reward_sum"] / samples,
-                "grad_norm": stats.get("_grad_norm_sum", 0.0) / steps if steps else 0.0,
-                "optimizer_steps": steps,
-                "samples": samples,
+            stats = self._stats[name]
+            per = {
+                "loss": total[f"{name}/_loss_sum"] / updates,  # the policy loss, token mean, mean over epochs
+                "clip_ratio": total[f"{name}/_clip_sum"] / max(tokens, 1.0),
+                "grad_norm": stats["_grad_norm"] / updates,
+                "lr": stats["_lr"] / updates,
+                "updates": updates / 1.0,
+                "num_sequences": samples / updates,
+                "num_tokens": tokens / updates,
+                "response_length": total[f"{name}/_response_length_sum"] / max(samples, 1.0),
+                "reward": total[f"{name}/_reward_sum"] / max(samples, 1.0),
             }
             if self.args.actor.entropy_coef is not None:
-                out[name]["entropy"] = total[f"{name}/_entropy_sum"] / max(tokens, 1.0)
-        return out
-
-    def _equalise_micro_batches(self) -> None:
-        """Give every data-parallel rank the same number of micro-batches (DeepSpeed steps in lockstep)."""
-        count = len(self.replay_buffer.plan())
-        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-            target = torch.tensor([count], dtype=torch.float32, device=device())
-            torch.distributed.all_reduce(target, op=torch.distributed.ReduceOp.MAX)
-            count = int(target.item())
-            if len(self.replay_buffer.plan(min_buckets=count)) != count:
-                raise RuntimeError(f"this rank's {len(self.replay_buffer.items)} samples cannot fill the {count} "
-                                   f"adapter-homogeneous micro-batches other ranks need; give every rank the same "
-                                   f"number of samples per adapter or more samples")
-
-    def ppo_train(self, kl_ctl: float):
-        """Upstream's ``ppo_train`` (status means over all micro-batches) plus, for every adapter trained,
-        ``status["populora/<adapter>/<metric>"]``: ``loss``, ``grad_norm`` (mean over its optimizer steps),
-        ``entropy`` (when ``--actor.entropy_coef`` is set), ``response_length``, ``reward``, ``samples`` and
-        ``optimizer_steps``. :func:`split_per_adapter` nests them."""
-        self._stats, self._window = {}, set()
-        self._equalise_micro_batches()
-        # The LR schedule counts self-play steps (the controller's get_max_steps is --populora.total_steps):
-        # how many optimizer steps one self-play step takes depends on how many samples each adapter got,
-        # so DeepSpeed's per-optimizer-step scheduler call is held back and the schedule advances once here.
-        engine = ads.ds_engine(self.actor)
-        scheduler = getattr(engine, "lr_scheduler", None)
-        if scheduler is not None:
-            engine.lr_scheduler = None
-        try:
-            status = super().ppo_train(kl_ctl)  # reports actor_lr: the rate this step trained with
-        finally:
-            if scheduler is not None:
-                engine.lr_scheduler = scheduler
-        if scheduler is not None:
-            scheduler.step()
-        for name, metrics in self._per_adapter_metrics().items():
-            status.update({f"{PER_ADAPTER_PREFIX}/{name}/{key}": value for key, value in metrics.items()})
+                per["entropy"] = total[f"{name}/_entropy_sum"] / updates
+            status.update({f"{PER_ADAPTER_PREFIX}/{name}/{key}": value for key, value in per.items()})
+        trained = split_per_adapter(status)
+        if trained:  # upstream's batch-level keys, as its ppo_train reports them
+            weight = {n: s["num_tokens"] for n, s in trained.items()}
+            total_tokens = max(sum(weight.values()), 1.0)
+            status["policy_loss"] = sum(s["loss"] * weight[n] for n, s in trained.items()) / total_tokens
+            status["actor_lr"] = next(iter(trained.values()))["lr"]
+            status["actor_grad_norm"] = max(s["grad_norm"] for s in trained.values())
         return status
-
-    def broadcast_to_vllm(self):
-        """Nothing: the controller uploads changed adapters to vLLM (``load_adapter``), never the base."""
 
 
 class _PrepareWithAdapters:
@@ -386,6 +336,9 @@ class PopuLoRAPolicyActor(PolicyModelActor.__ray_actor_class__):
             vllm_engines=None,
             adapter_names=self.adapter_names,
         )
+        steps = self.checkpoint_states.get(ADAM_STEPS_STATE_KEY) if self.checkpoint_states else None
+        if steps is not None:
+            self.trainer.adam_steps.update({name: int(steps[name]) for name in self.adapter_names})
 
     def lora_config(self) -> dict:
         """The adapters' shared LoRA config (for vLLM's ``load_adapter`` and PEFT's ``adapter_config.json``)."""
@@ -406,9 +359,11 @@ class PopuLoRAPolicyActor(PolicyModelActor.__ray_actor_class__):
         return ads.adapter_state(self.actor, name)
 
     def set_adapter_state(self, name: str, tensors: Mapping[str, torch.Tensor]) -> None:
-        """Overwrite adapter ``name`` (fp32 master, low-precision copy) and zero its Adam moments. Every rank
-        calls, in the same order, with the same tensors."""
+        """Overwrite adapter ``name`` (fp32 master, low-precision copy) and reset its optimizer state fully: zero
+        Adam moments and step count 0, a fresh Adam as on the local engine. Every rank calls, in the same order,
+        with the same tensors."""
         ads.write_adapter(self.actor, name, tensors)
+        self.trainer.adam_steps[name] = 0
 
     def forward(self, sequences, action_mask=None, attention_mask=None, packed_seq_lens=None,
                 mm_train_inputs_list=None, adapter_name=None) -> torch.Tensor:
@@ -428,6 +383,14 @@ class PopuLoRAPolicyActor(PolicyModelActor.__ray_actor_class__):
                                    ring_attn_group=self.strategy.ring_attn_group, **mm_inputs)
         self.actor.train()
         return log_probs.to("cpu")
+
+    def probe_log_probs(self, sequences, action_mask, attention_mask, adapter_name) -> torch.Tensor:
+        """The sync probe's trainer side: :meth:`forward` at temperature 1 (vLLM reports raw log-probs)."""
+        temperature, self.actor.temperature = self.actor.temperature, 1.0
+        try:
+            return self.forward(sequences, action_mask, attention_mask, adapter_name=adapter_name)
+        finally:
+            self.actor.temperature = temperature
 
     def fit(self, kl_ctl: float = 0):
         """Train on the replay buffer; upstream's status plus the per-adapter entries (see ``ppo_train``)."""
@@ -477,6 +440,7 @@ class PopuLoRAPolicyActor(PolicyModelActor.__ray_actor_class__):
 
         states = dict(client_states or {})
         states[ADAPTER_NAMES_STATE_KEY] = list(self.adapter_names)
+        states[ADAM_STEPS_STATE_KEY] = dict(self.trainer.adam_steps)
         save_hf, self.save_hf_ckpt = self.save_hf_ckpt, False
         try:
             super().save_checkpoint(tag, states, metric_value=metric_value, metric_key=metric_key)
@@ -490,6 +454,7 @@ class PopuLoRAPolicyActor(PolicyModelActor.__ray_actor_class__):
         ``client_states`` and the adapter names. Every rank calls."""
         states = dict(client_states or {})
         states[ADAPTER_NAMES_STATE_KEY] = list(self.adapter_names)
+        states[ADAM_STEPS_STATE_KEY] = dict(self.trainer.adam_steps)
         self.strategy.save_ckpt(self.actor.model, path, tag="populora", max_num=1 << 30, max_mem=float("inf"),
                                 client_state=states)
 
@@ -500,6 +465,9 @@ class PopuLoRAPolicyActor(PolicyModelActor.__ray_actor_class__):
         saved = states.get(ADAPTER_NAMES_STATE_KEY)
         if saved is not None and list(saved) != self.adapter_names:
             raise ValueError(f"{path} holds adapters {list(saved)}, this run names {self.adapter_names}")
+        steps = states.get(ADAM_STEPS_STATE_KEY)
+        if steps is not None:
+            self.trainer.adam_steps.update({name: int(steps[name]) for name in self.adapter_names})
         self.checkpoint_states = states
         return states
 

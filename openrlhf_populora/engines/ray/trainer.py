@@ -5,12 +5,20 @@ subclassing an actor class). Upstream's ``train()`` builds it exactly as it buil
 policy actor group and the vLLM engines. What changes:
 
 - no prompt dataset: the prompts are the loop's proposer and solver prompts, written each step;
-- ``fit`` runs ``selfplay.runner.run`` (the same outer loop as the embedded engine) on a :class:`RayEngine`;
+- ``fit`` hands a :class:`RayEngine` to the run function the composition layer named in
+  ``args.populora.runner`` (``"module:function"``; the CLI's runs the same self-play loop as the embedded
+  engine). The trainer knows no loop, no config tree and no AZR;
 - ``RayEngine.train_step`` hands the loop's trajectories to upstream's own ``train_step`` (experience making
-  with advantages grouped per (member, role, task type), ``append`` to the actor shards, ``ppo_train``, weight
-  sync), so every upstream behaviour around the update stays upstream's;
-- ``broadcast_to_vllm`` uploads only the adapters that changed, each version under a fresh LoRA id; the frozen
-  base never moves.
+  with advantages grouped per (member, role, task type), ``append`` to the actor shards, ``ppo_train``), then
+  uploads the adapters that changed itself, each version under a fresh LoRA id; upstream's
+  ``broadcast_to_vllm`` hook does nothing (the caller pushes; nothing is pulled through callbacks), and the
+  frozen base never moves.
+
+**Sync proof.** After every upload, :meth:`RayEngine.check_sync` compares what vLLM now serves with what the
+trainer holds: a few fixed probe prompts are decoded greedily by vLLM with the adapter, and the log-probs
+vLLM reports for those tokens are compared with the policy actor's own log-probs of the same sequences (both
+at temperature 1). The largest absolute difference is reported per adapter (``sync_logprob_diff`` in the
+step's diagnostics); above ``--populora.sync_tolerance`` the run stops with an error naming the adapter.
 
 ``RayEngine`` implements ``engines.base.Engine`` over the actor group and the vLLM actors; it knows nothing of
 AZR. It runs inside the trainer actor's process.
@@ -18,6 +26,8 @@ AZR. It runs inside the trainer actor's process.
 
 from __future__ import annotations
 
+import importlib
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,9 +47,14 @@ from openrlhf_populora.engines.base import (
     render_chat,
 )
 from openrlhf_populora.engines.ray.experience import PopuLoRAExperienceMaker, build_experiences
-from openrlhf_populora.engines.ray.settings import config_from_args
 
 RAY_TIMEOUT_S = 3600.0  # one ray.get never waits longer than this: an unschedulable actor must not hang a run
+PROBE_TEXTS = ("def f(x):\n    return", "The answer is", "for i in range(")  # the sync probe's prompts
+PROBE_TOKENS = 8  # greedy tokens per probe prompt
+
+
+class AdapterSyncError(RuntimeError):
+    """vLLM serves an adapter whose log-probs differ from the trainer's beyond the tolerance."""
 
 
 def _get(refs, timeout: float = RAY_TIMEOUT_S):
@@ -61,6 +76,13 @@ class RayEngine:
         self._lora_config = _get(self.actors._actor_handlers[0].lora_config.remote())
         self._uploaded: set[str] = set()
         self.global_step = 0
+        tolerance = self.args.populora.sync_tolerance
+        if tolerance is None:  # fp32 on both sides agrees to rounding; bf16 kernels differ in the last bits
+            tolerance = 1e-3 if self.args.ds.param_dtype == "fp32" else 0.25
+        self.sync_tolerance = float(tolerance)
+        self.sync: dict[str, float] = {}  # adapter -> max |log-prob difference| at its last upload
+        self.sync_seconds = 0.0  # wall time spent in sync probes
+        self._probe = [self.tokenizer(text, add_special_tokens=False)["input_ids"] for text in PROBE_TEXTS]
 
     # -------------------------------------------------------------------------------- adapters
 
@@ -94,13 +116,64 @@ class RayEngine:
             raise KeyError(f"unknown adapter {name!r}; the engine holds {self._names}")
 
     def upload(self, names: Sequence[str]) -> None:
-        """Send the current weights of ``names`` to every vLLM engine (each engine gives them a fresh LoRA id)."""
+        """Send the current weights of ``names`` to every vLLM engine (each engine gives them a fresh LoRA id),
+        then prove the sync (:meth:`check_sync`)."""
         refs = []
         for name in names:
             tensors = ray.put(self.get_adapter(name))
             refs += [engine.load_adapter.remote(name, tensors, self._lora_config) for engine in self.vllm_engines]
         _get(refs)
         self._uploaded.update(names)
+        self.check_sync(names)
+
+    def check_sync(self, names: Sequence[str]) -> dict[str, float]:
+        """For each adapter of ``names`` and each vLLM engine: greedy-decode the probe prompts with vLLM, score
+        the same sequences with the policy actor, and record the largest absolute log-prob difference. Raises
+        :class:`AdapterSyncError` naming the adapter above the tolerance."""
+        tic = time.perf_counter()
+        out = {}
+        for name in names:
+            worst = 0.0
+            for engine in self.vllm_engines:
+                samples = _get(engine.probe.remote(self._probe, name, PROBE_TOKENS))
+                worst = max(worst, self._probe_difference(name, samples))
+            out[name] = worst
+            if not worst <= self.sync_tolerance:  # NaN fails too
+                raise AdapterSyncError(
+                    f"adapter {name!r}: vLLM's log-probs differ from the trainer's by up to {worst:.3g} (tolerance "
+                    f"{self.sync_tolerance:g}, --populora.sync_tolerance): vLLM is not serving the weights the "
+                    f"trainer holds")
+        self.sync.update(out)
+        self.sync_seconds += time.perf_counter() - tic
+        return out
+
+    def _probe_difference(self, name: str, samples: Sequence[Mapping[str, Any]]) -> float:
+        ours = self.token_log_probs([Trajectory(name, prompt, s["response_ids"], 0.0)
+                                     for prompt, s in zip(self._probe, samples, strict=True)])
+        return max(abs(a - b) for mine, s in zip(ours, samples, strict=True)
+                   for a, b in zip(mine, s["logprobs"], strict=True))
+
+    def token_log_probs(self, trajectories: Sequence[Trajectory]) -> list[list[float]]:
+        """Each response token's log-prob at temperature 1 under its trajectory's adapter, as the policy actor
+        (the trainer's weights) computes it; one actor call per adapter (diagnostics, the sync probe, tests)."""
+        out: list[list[float]] = [[] for _ in trajectories]
+        pad = self.tokenizer.pad_token_id
+        for name in dict.fromkeys(t.adapter for t in trajectories):
+            index = [i for i, t in enumerate(trajectories) if t.adapter == name]
+            rows = [list(trajectories[i].prompt_ids) + list(trajectories[i].response_ids) for i in index]
+            width = max(len(r) for r in rows)
+            sequences = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
+            attention = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+            action = torch.zeros((len(rows), width - 1), dtype=torch.bool)  # position t predicts token t + 1
+            for k, i in enumerate(index):
+                start = len(trajectories[i].prompt_ids) - 1
+                action[k, start: start + len(trajectories[i].response_ids)] = True
+            log_probs = _get(self.actors.async_run_method(
+                method_name="probe_log_probs", sequences=sequences, action_mask=action, attention_mask=attention,
+                adapter_name=name))[0]
+            for k, i in enumerate(index):
+                out[i] = log_probs[k][action[k]].tolist()
+        return out
 
     # ------------------------------------------------------------------------------ generation
 
@@ -116,13 +189,15 @@ class RayEngine:
         by_n: dict[int, list[int]] = {}
         for index, request in enumerate(requests):
             by_n.setdefault(request.n, []).append(index)
+        # sample j of request i draws with derive_seed(seed, i, j), i being the request's index in this call
+        # whichever engine serves it, so no two engines repeat a stream (the local engine's rule too)
         for n, indices in by_n.items():
             sampling = {"temperature": params.temperature, "top_p": params.top_p,
                         "max_tokens": params.max_new_tokens, "n": n, "seed": params.seed}
             chunks = [indices[i::len(self.vllm_engines)] for i in range(len(self.vllm_engines))]
             refs = [engine.generate_batch.remote([prompts[i] for i in chunk],
                                                  [None if requests[i].adapter == BASE_ADAPTER else requests[i].adapter
-                                                  for i in chunk], sampling)
+                                                  for i in chunk], sampling, request_indices=chunk)
                     for engine, chunk in zip(self.vllm_engines, chunks, strict=True) if chunk]
             for chunk, outputs in zip([c for c in chunks if c], _get(refs), strict=True):
                 for index, samples in zip(chunk, outputs, strict=True):
@@ -138,14 +213,21 @@ class RayEngine:
     # -------------------------------------------------------------------------------- training
 
     def train_step(self, trajectories: Sequence[Trajectory]) -> dict[str, dict[str, float]]:
+        """Upstream's ``train_step`` on the trajectories (experiences, ``append``, ``ppo_train``), then the
+        upload of every adapter it changed, with its sync proof (``sync_logprob_diff`` in its diagnostics)."""
         if not trajectories:
             return {}
         experiences = build_experiences(trajectories, self._names, self.tokenizer.pad_token_id,
                                         self.args.rollout.micro_batch_size)
         changed = sorted({t.adapter for t in trajectories})
-        self.trainer.changed_adapters = changed
         status, self.global_step = self.trainer.train_step(experiences, self.global_step)
-        return per_adapter_stats(status, changed)
+        probing = self.sync_seconds
+        self.upload(changed)
+        stats = per_adapter_stats(status, changed)
+        for name in changed:
+            stats[name]["sync_logprob_diff"] = self.sync[name]
+            stats[name]["sync_seconds"] = (self.sync_seconds - probing) / len(changed)  # its share of the probes
+        return stats
 
     # ------------------------------------------------------------------------------------ state
 
@@ -194,8 +276,8 @@ class PopuLoRATrainerBase(PPOTrainer.__ray_actor_class__):
         tokenizer = get_tokenizer(pretrain, None, "left", strategy, use_fast=not args.data.disable_fast_tokenizer)
         self.generate_kwargs = generate_kwargs
         self.prompts_dataloader = self.eval_dataloader = None  # the loop writes its prompts each step
-        self.max_steps = int(args.populora.total_steps)  # LR schedule length: the actor steps it once per step
-        self.changed_adapters: list[str] = []
+        # the LR schedule's length: the actor steps it once per epoch of every self-play step
+        self.max_steps = int(args.populora.total_steps) * int(args.train.max_epochs)
         # Upstream's PPOTrainer.__init__ would load a prompt dataset; the base class sets up everything else,
         # except its W&B/TensorBoard loggers: the loop's Tracker writes every metric to the same sinks, and two
         # loggers would open two W&B runs. The logger settings are hidden from it for the call.
@@ -215,22 +297,14 @@ class PopuLoRATrainerBase(PPOTrainer.__ray_actor_class__):
         return self.max_steps
 
     def broadcast_to_vllm(self) -> None:
-        """After an update: only the adapters trained in this step move to vLLM, each under a fresh LoRA id."""
-        engine: RayEngine | None = getattr(self, "engine", None)
-        if engine is not None and self.changed_adapters:
-            engine.upload(self.changed_adapters)
+        """Nothing: :meth:`RayEngine.train_step` uploads what it changed (upstream's ``train_step`` calls this)."""
 
     def fit(self, global_step: int = 0) -> int:
-        from openrlhf_populora.selfplay.runner import claim_run_dir, run
-
-        config = config_from_args(self.args)
-        lock = claim_run_dir(config)  # noqa: F841 - held (the run directory locked) until fit returns
-
-        def build_engine(_config) -> RayEngine:
-            self.engine = RayEngine(self)
-            return self.engine
-
-        return run(config, build_engine, progress=True)
+        """Run the function ``args.populora.runner`` (``"module:function"``, set by the launcher) on this
+        trainer's :class:`RayEngine`; it owns the run (directory, loop, checkpoints)."""
+        module, _, function = str(self.args.populora.runner).partition(":")
+        runner = getattr(importlib.import_module(module), function)
+        return runner(self.args, RayEngine(self))
 
 
 @ray.remote

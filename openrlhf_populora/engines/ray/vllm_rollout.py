@@ -47,6 +47,7 @@ from vllm.lora.request import LoRARequest
 
 from openrlhf_populora.engines.adapter_files import adapter_rank, write_peft_adapter
 from openrlhf_populora.engines.base import BASE_ADAPTER
+from openrlhf_populora.engines.seeding import derive_seed
 
 CONFIG_ENV = "POPULORA_VLLM_MULTILORA"  # JSON of a MultiLoRAConfig: the fallback route into actor processes
 ADAPTER_DIR_ENV = "POPULORA_ADAPTER_DIR"  # where adapter payloads go (default: /dev/shm, else the temp dir)
@@ -303,12 +304,15 @@ class MultiLoRARollout(RolloutRayActor.__ray_actor_class__):
         return await self.generate(prompt_ids, params)
 
     async def generate_batch(self, prompts: Sequence[Sequence[int]], adapters: Sequence[str | None],
-                             sampling: Mapping[str, Any]) -> list[list[dict[str, Any]]]:
+                             sampling: Mapping[str, Any], request_indices: Sequence[int] | None = None
+                             ) -> list[list[dict[str, Any]]]:
         """Generate ``sampling["n"]`` completions per prompt, prompt ``i`` with adapter ``adapters[i]``
         (None / ``"__base__"``: the base). All requests go to vLLM together (one mixed-adapter batch).
 
-        ``sampling``: ``temperature`` (0 = greedy), ``top_p``, ``max_tokens``, ``n``, optional ``seed``
-        (completion ``j`` of request ``i`` samples with seed ``seed + i * n + j``; unseeded: vLLM's RNG).
+        ``sampling``: ``temperature`` (0 = greedy), ``top_p``, ``max_tokens``, ``n``, optional ``seed``:
+        completion ``j`` of prompt ``i`` samples with seed ``derive_seed(seed, request_indices[i], j)``
+        (``request_indices``: the prompts' indices in the caller's whole call, which spans several engines;
+        default ``0, 1, ...``), so two engines never draw the same stream; unseeded: vLLM's RNG.
         Returns, in request order, ``n`` dicts ``{"response_ids": [...], "finished": bool}`` each:
         ``finished`` is True when generation stopped on EOS or a stop token, False when cut at max_tokens;
         the EOS token is included in ``response_ids`` as vLLM reports it."""
@@ -320,6 +324,9 @@ class MultiLoRARollout(RolloutRayActor.__ray_actor_class__):
         n = int(sampling.get("n", 1))
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
+        indices = list(range(len(prompts))) if request_indices is None else [int(i) for i in request_indices]
+        if len(indices) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(indices)} request indices")
         temperature = float(sampling.get("temperature", 1.0))
         seed = sampling.get("seed")
         greedy = temperature == 0
@@ -335,7 +342,7 @@ class MultiLoRARollout(RolloutRayActor.__ray_actor_class__):
                     temperature=temperature,
                     top_p=float(sampling.get("top_p", 1.0)),
                     max_tokens=int(sampling["max_tokens"]),
-                    seed=None if seed is None else int(seed) + i * n + j,
+                    seed=None if seed is None else derive_seed(int(seed), indices[i], j),
                 )
                 tasks.append(asyncio.ensure_future(self._generate_as(name, list(ids), params)))
         outputs = iter(await asyncio.gather(*tasks))
@@ -344,6 +351,23 @@ class MultiLoRARollout(RolloutRayActor.__ray_actor_class__):
             samples = [_completion(next(outputs)) for _ in range(1 if greedy else n)]
             results.append([dict(samples[0]) for _ in range(n)] if greedy else samples)
         return results
+
+
+    async def probe(self, prompts: Sequence[Sequence[int]], name: str | None, max_tokens: int
+                    ) -> list[dict[str, Any]]:
+        """The sync probe's vLLM side: greedy completions of ``prompts`` with adapter ``name``, each with the
+        log-prob vLLM gives every generated token (raw logits, temperature 1): ``{"response_ids", "logprobs"}``."""
+        self.lora_request(name)
+        params = SamplingParams(n=1, temperature=0.0, max_tokens=int(max_tokens), logprobs=0)
+        outputs = await asyncio.gather(*[asyncio.ensure_future(self._generate_as(name, list(ids), params))
+                                         for ids in prompts])
+        out = []
+        for output in outputs:
+            completion = output.outputs[0]
+            logprobs = [step[token].logprob for token, step in zip(completion.token_ids, completion.logprobs,
+                                                                    strict=True)]
+            out.append({"response_ids": list(completion.token_ids), "logprobs": logprobs})
+        return out
 
 
 def _completion(output) -> dict[str, Any]:

@@ -1,5 +1,10 @@
 """``--populora.engine ray``: OpenRLHF 0.11.2's own ``train_ppo_ray`` with the plugin's classes swapped in.
 
+This is the composition layer of the Ray engine: it owns the arguments (upstream's parser, the ``--populora.*``
+group, the refusals), the run directory, the mapping of upstream's arguments to the loop's ``Config``
+(:func:`config_from_args`) and the run function the trainer calls (:func:`run_selfplay`, named in
+``args.populora.runner``). The engine modules (``engines/ray/``) know none of the loop.
+
 Upstream builds its parser, validates the arguments and calls ``train(args)`` all inside
 ``if __name__ == "__main__":`` of ``openrlhf/cli/train_ppo_ray.py``, so none of it is importable. Instead of
 copying any of it, this module runs that file with :func:`runpy.run_module` as ``__main__``, twice over:
@@ -43,7 +48,6 @@ from typing import Any
 import yaml
 
 from openrlhf_populora.config import Config, PopuLoRAConfig, add_flag, iter_fields, preset_layers, set_dotted
-from openrlhf_populora.engines.ray.settings import config_from_args
 from openrlhf_populora.patches import openrlhf_0_11_2 as patches
 from openrlhf_populora.patches.openrlhf_0_11_2.cpu import install_flash_attn_shim
 
@@ -253,6 +257,54 @@ def adapter_names(populora: PopuLoRAConfig) -> list[str]:
     return [member.adapter for member in population.alive()]
 
 
+RUNNER = "openrlhf_populora.cli.ray_launch:run_selfplay"  # what the trainer's fit runs (args.populora.runner)
+RUNNER_ENV = "POPULORA_RAY_RUNNER"  # "module:function" replacing it, e.g. a scripted engine for tests and demos
+
+# Leaves of ``Config`` the loop reads from upstream's arguments (the engine-side leaves -- optimiser, LoRA shape,
+# dtype -- are consumed by upstream's actors).
+SHARED_PREFIXES = ("populora.", "rollout.", "train.seed", "train.max_epochs", "ckpt.", "logger.")
+
+_MISSING = object()
+
+
+def _lookup(namespace: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        namespace = getattr(namespace, part, _MISSING)
+        if namespace is _MISSING:
+            return _MISSING
+    return namespace
+
+
+def config_from_args(args: Any) -> Config:
+    """A validated ``Config`` for the self-play loop from upstream's hierarchized ``args``: every leaf the two
+    share (``rollout.temperature``, ``train.seed``, ``ckpt.output_dir``, ``logger.*``, ``populora.*`` ...)."""
+    config = Config()
+    for name, _field, _tp in iter_fields(Config):
+        if not name.startswith(SHARED_PREFIXES):
+            continue
+        value = _lookup(args, name)
+        if value is _MISSING or value is None:
+            continue
+        if name == "ckpt.save_steps" and value == float("inf"):  # upstream turns -1 into inf
+            value = -1
+        if name.startswith("logger.wandb.") and not _lookup(args, "logger.wandb.key"):
+            continue  # upstream's rule: W&B is on only with --logger.wandb.key (its project has a default)
+        if name == "ckpt.max_num":
+            value = int(value)
+        set_dotted(config, name, value)
+    config.validate()
+    return config
+
+
+def run_selfplay(args: Any, engine: Any) -> int:
+    """The Ray trainer's ``fit``: the self-play run (directory, loop, checkpoints) on the trainer's engine."""
+    from openrlhf_populora.selfplay.runner import claim_run_dir, run
+
+    config = config_from_args(args)
+    lock = claim_run_dir(config)  # noqa: F841 - held (the run directory locked) until the run returns
+    return run(config, lambda _config: engine, progress=True)
+
+
 def populora_namespace(populora: PopuLoRAConfig) -> SimpleNamespace:
     """The ``--populora.*`` values as nested namespaces (``args.populora.evolution.evolve_every``), as upstream's
     ``hierarchize`` builds them, plus ``adapter_names`` (the run's fixed adapter slots)."""
@@ -266,7 +318,64 @@ def populora_namespace(populora: PopuLoRAConfig) -> SimpleNamespace:
             node, value = getattr(node, part), getattr(value, part)
         setattr(node, leaf, copy.deepcopy(getattr(value, leaf)))
     root.adapter_names = adapter_names(populora)
+    root.runner = os.environ.get(RUNNER_ENV, RUNNER)
     return root
+
+
+# The algorithm's knobs, which both engines take from one tree (``Config``'s defaults, then the preset, then
+# flags): Config leaf -> upstream destination. Everything else upstream owns (topology, DeepSpeed, vLLM).
+ALGORITHM_LEAVES: dict[str, str] = {
+    **{leaf: leaf for leaf in (
+        "actor.adam.lr", "actor.adam.betas", "actor.adam.eps", "actor.adam.weight_decay", "actor.lr_scheduler",
+        "actor.lr_warmup_ratio", "actor.min_lr_ratio", "actor.max_norm", "actor.eps_clip",
+        "actor.eps_clip_low_high", "actor.entropy_coef", "ds.lora.rank", "ds.lora.alpha", "ds.lora.target_modules",
+        "ds.lora.dropout", "rollout.temperature", "rollout.top_p", "rollout.max_new_tokens", "train.seed",
+        "train.max_epochs")},
+    "actor.micro_batch_size": "train.micro_batch_size",
+}
+# preset leaves upstream has under the same name, taken from a preset but left at upstream's defaults otherwise
+PRESET_ONLY_LEAVES = ("actor.model_name_or_path", "ds.param_dtype", "ds.attn_implementation", "ckpt.output_dir",
+                      "ckpt.save_steps",
+                      "ckpt.max_num", "logger.logging_steps", "logger.tensorboard_dir")
+
+
+def upstream_value(leaf: str, value: Any) -> Any:
+    """A Config leaf's value as upstream's flag means it: the local engine's ``constant`` schedule has a linear
+    warm-up (HF's ``constant_with_warmup``), an entropy coefficient of 0 is upstream's None (not computed)."""
+    if leaf == "actor.lr_scheduler" and value == "constant":
+        return "constant_with_warmup"
+    if leaf == "actor.entropy_coef" and value == 0:
+        return None
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+def _preset_defaults(argv: Sequence[str], cuda: bool) -> tuple[dict[str, Any], list[str]]:
+    """Upstream flag defaults from the one tree: ``Config``'s algorithm defaults, then the preset's values
+    (``--config`` and a matched baseline's population preset). Returns them and the preset leaves upstream
+    has no use for."""
+    probe = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    probe.add_argument("--config", default=None)
+    probe.add_argument("--populora.baseline_for", dest="baseline_for", default=None)
+    known, _ = probe.parse_known_args(list(argv))
+    flags = {"populora.baseline_for": known.baseline_for} if known.baseline_for else {}
+    config = Config()
+    defaults = {dest: upstream_value(leaf, _lookup(config, leaf)) for leaf, dest in ALGORITHM_LEAVES.items()}
+    unused = []
+    for layer in preset_layers(known.config, flags):
+        for leaf, value in layer.items():
+            if leaf.startswith("populora."):
+                continue
+            if leaf in ALGORITHM_LEAVES:
+                defaults[ALGORITHM_LEAVES[leaf]] = upstream_value(leaf, value)
+            elif leaf == "ds.param_dtype" and value == "auto":
+                defaults[leaf] = "bf16" if cuda else "fp32"
+            elif leaf in PRESET_ONLY_LEAVES:
+                defaults[leaf] = value
+            else:
+                unused.append(leaf)
+    return defaults, sorted(unused)
 
 
 def parse_launch_args(argv: Sequence[str]) -> SimpleNamespace:
@@ -281,8 +390,16 @@ def parse_launch_args(argv: Sequence[str]) -> SimpleNamespace:
     from openrlhf_populora.engines.ray import cluster
 
     parser = build_parser()
-    if not cluster.cuda_available():
+    cuda = cluster.cuda_available()
+    if not cuda:
         parser.set_defaults(**cluster.CPU_DEFAULTS)
+    try:
+        defaults, unused = _preset_defaults(argv, cuda)
+    except (ValueError, yaml.YAMLError) as err:
+        parser.error(str(err))
+    parser.set_defaults(**defaults)
+    if unused:
+        print(f"[populora] the Ray engine has no use for these preset settings: {', '.join(unused)}", file=sys.stderr)
     flat, extras = parser.parse_known_args(list(argv))
     if extras:
         _error_unknown(parser, extras)
@@ -293,10 +410,6 @@ def parse_launch_args(argv: Sequence[str]) -> SimpleNamespace:
         preset = getattr(flat, CONFIG_DEST)
         flags = {name: getattr(flat, name) for name in vars(flat) if name.startswith("populora.")}
         layers = preset_layers(preset, flags)  # a matched baseline's population preset, then --config
-        ignored = sorted(name for name in layers[-1] if not name.startswith("populora."))
-        if ignored:
-            print(f"[populora] {preset}: the Ray engine takes OpenRLHF settings from flags only; ignoring "
-                  f"{', '.join(ignored)}", file=sys.stderr)
         for layer in [*layers, flags]:
             for name, value in layer.items():
                 if name.startswith("populora."):
