@@ -12,8 +12,9 @@ import pytest
 
 pytest.importorskip("openrlhf")
 
-from openrlhf_populora.cli import ray_launch  # noqa: E402
 from openrlhf_populora.patches import openrlhf_0_11_2 as patches  # noqa: E402
+
+from openrlhf_populora.cli import ray_launch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
