@@ -1,8 +1,10 @@
-"""``python -m openrlhf_populora.cli.report RUN_DIR [RUN_DIR ...] --out DIR [--smooth N]``
+"""``python -m openrlhf_populora.cli.report RUN_DIR [RUN_DIR ...] --out DIR [--smooth N] [--retention STUDY_DIR]``
 
 Draws the comparison figures (PNG) and ``summary.md`` for one or more run directories, e.g. a baseline
 and a population run. ``--synthetic`` writes two synthetic runs (baseline + population) under
-``DIR/synthetic_runs`` first and reports on them: a smoke test of the whole pipeline.
+``DIR/synthetic_runs`` first and reports on them: a smoke test of the whole pipeline. ``--retention STUDY_DIR``
+draws an operator retention study (``cli/retention.py``) into ``DIR``: its grid figure, its measures and its
+table (``retention.md``, ``retention.json``; ``metrics/retention.py``), with or without run directories.
 Exit status: 0 when at least one figure was drawn, 1 when none could be, 2 on bad arguments.
 """
 
@@ -23,7 +25,26 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dpi", type=int, default=110)
     parser.add_argument("--synthetic", action="store_true", help="report on two generated synthetic runs")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument("--retention", type=Path, default=None, metavar="STUDY_DIR",
+                        help="also draw this operator retention study (cli/retention.py): grid, measures, table")
     return parser
+
+
+def report_retention(study_dir: Path, out: Path, dpi: int) -> int:
+    """Draw a retention study into ``out``; returns the number of figures (-1 when it is not a study)."""
+    from openrlhf_populora.metrics.retention import render_retention
+
+    try:
+        result = render_retention(study_dir, out, dpi=dpi)
+    except FileNotFoundError as err:
+        print(f"error: --retention: {err}", file=sys.stderr)
+        return -1
+    print(f"wrote {', '.join(p.name for p in result.files)} to {result.out_dir}")
+    for name, why in result.skipped.items():
+        print(f"not rendered: {name}: {why}", file=sys.stderr)
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    return sum(p.suffix == ".png" for p in result.files)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,9 +60,16 @@ def main(argv: list[str] | None = None) -> int:
         run_dirs += [write_synthetic_run(root / "baseline", mode="baseline", seed=1, label="synthetic baseline"),
                      write_synthetic_run(root / "population", mode="population", seed=2,
                                          label="synthetic population 3T3S")]
-    if not run_dirs:
-        print("error: give at least one RUN_DIR (or --synthetic)", file=sys.stderr)
+    if not run_dirs and args.retention is None:
+        print("error: give at least one RUN_DIR (or --synthetic, or --retention STUDY_DIR)", file=sys.stderr)
         return 2
+    retention_figures = 0
+    if args.retention is not None:
+        retention_figures = report_retention(args.retention, args.out, args.dpi)
+        if retention_figures < 0:
+            return 2
+        if not run_dirs:
+            return 0 if retention_figures else 1
     from openrlhf_populora.metrics.report import render_report
 
     try:
@@ -53,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {len(result.figures)} figures and {result.summary} to {result.out_dir}")
     for warning in result.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    return 0 if result.figures else 1
+    return 0 if result.figures or retention_figures else 1
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ One step, for all task types at once so that generation batches are as large as 
                 teacher reward = failure rate of its matched students on its valid task;
 6. **train**    advantages whitened per (member, role, task type); one update (``--train.max_epochs``) for
                 every adapter (samples with advantage 0 carry no gradient and are left out unless
-                ``skip_zero_advantage`` is off);
+                ``skip_zero_advantage`` is off); members in ``SelfPlay.frozen`` play and are scored as
+                usual, but their samples are never trained on, so their adapters stay bit-identical;
 7. **rate**     ratings updated from the matchups; every ``evolve_every`` steps the evolution plan replaces
                 the weakest members with mutated / crossed-over children (fresh optimizer state).
 
@@ -159,6 +160,9 @@ class SelfPlay:
         self.step = 0
         self.templates = COMPACT_TEMPLATES if self.p.prompts == "compact" else DEFAULT_TEMPLATES
         self.on_phase: Callable[[str], None] | None = None  # told each phase as it starts (progress bars)
+        # member ids that play but never train (the retention study's fixed opponent, cli/retention.py);
+        # not part of the saved state: whoever freezes members sets this again after load_state
+        self.frozen: set[str] = set()
         self._sampling = SamplingParams(temperature=config.rollout.temperature, top_p=config.rollout.top_p,
                                         max_new_tokens=config.rollout.max_new_tokens)
 
@@ -378,9 +382,12 @@ class SelfPlay:
             proposal.reward = teacher_reward(proposal.check, rate, self.p.reward, mode=mode)
 
     def _trajectories(self, proposals: list[Proposal], attempts: list[Attempt]) -> list[Trajectory]:
-        """Every scored completion, its advantage whitened within its (member, role, task type) group."""
-        scored = [(f"{pr.teacher}/propose/{pr.task_type}", pr.adapter, pr.completion, pr.reward) for pr in proposals]
-        scored += [(f"{a.student}/solve/{a.task.task_type}", a.adapter, a.completion, a.reward) for a in attempts]
+        """Every scored completion of a member not in ``frozen``, its advantage whitened within its (member, role,
+        task type) group."""
+        scored = [(f"{pr.teacher}/propose/{pr.task_type}", pr.adapter, pr.completion, pr.reward) for pr in proposals
+                  if pr.teacher not in self.frozen]
+        scored += [(f"{a.student}/solve/{a.task.task_type}", a.adapter, a.completion, a.reward) for a in attempts
+                   if a.student not in self.frozen]
         advantages = whiten_by_group([reward for *_, reward in scored], [group for group, *_ in scored])
         keep_zero = not self.p.skip_zero_advantage
         return [Trajectory(adapter, c.prompt_ids, c.response_ids, adv, group=group)
