@@ -492,3 +492,26 @@ def test_the_ray_engine_gives_each_vllm_engine_the_requests_global_indices(train
     assert sorted(indices) == [0, 1, 2, 3, 4]  # each request once, by its index in the whole call
     assert set(engines[0].calls[0][0]).isdisjoint(engines[1].calls[0][0])
     assert {seed for e in engines for _, seed in e.calls} == {9}
+
+
+def test_the_trainer_hands_its_engine_to_the_injected_run_function(trained, tmp_path, monkeypatch):
+    """The trainer's fit knows no loop: it calls the run function the launcher named (args.populora.runner) with
+    a RayEngine over its own actor group and vLLM engines, and returns what it returns."""
+    import sys
+    from types import SimpleNamespace
+
+    from openrlhf_populora.engines.ray import trainer as ray_trainer
+
+    monkeypatch.setattr(ray_trainer, "_get", lambda refs, timeout=None: refs)
+    (tmp_path / "fake_runner.py").write_text("calls = []\ndef run(args, engine):\n    calls.append((args, engine))\n"
+                                             "    return 7\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = SimpleNamespace(populora=SimpleNamespace(adapter_names=["s0"], sync_tolerance=None,
+                                                    runner="fake_runner:run"), ds=SimpleNamespace(param_dtype="fp32"))
+    trainer = ray_trainer.PopuLoRATrainerBase.__new__(ray_trainer.PopuLoRATrainerBase)
+    trainer.args, trainer.tokenizer, trainer.vllm_engines = args, trained.tokenizer, [object()]
+    trainer.actor_model_group = _LocalActors(trained, {})
+    assert trainer.fit() == 7
+    ((got_args, engine),) = sys.modules["fake_runner"].calls
+    assert got_args is args and isinstance(engine, ray_trainer.RayEngine) and engine.trainer is trainer
+    assert trainer.broadcast_to_vllm() is None  # upstream's hook pulls nothing: the engine pushes its uploads
