@@ -18,10 +18,9 @@ import re
 
 import pytest
 
+from openrlhf_populora.cli.train import local_engine_config
 from openrlhf_populora.config import Config
-from openrlhf_populora.engines.local import LocalEngineConfig
 from openrlhf_populora.engines.scripted import scripted_engine
-from openrlhf_populora.models.embedded import resolve_model
 from openrlhf_populora.selfplay.loop import SelfPlay
 from openrlhf_populora.selfplay.summary import step_metrics
 
@@ -58,31 +57,35 @@ def _teacher_answer() -> str:
     return f"<think>p</think><answer>\n```python\n{program}\n```\n```input\n{arguments}\n```\n</answer>"
 
 
-def make_loop(tmp_path, task_sandbox, **populora) -> SelfPlay:
-    from openrlhf_populora.cli.train import build_engine
-
+def tiny_config(**populora) -> Config:
+    """The tiny model, one task type (code_o), shipped seed tasks, no evolution; ``populora`` overrides."""
     config = Config()
     config.actor.model_name_or_path = "tiny"
     config.ds.lora.rank = 2
     config.rollout.max_new_tokens = 16
     p = config.populora
     p.task_types = ["code_o"]
-    p.num_teachers, p.num_students = 1, 3
-    p.proposals_per_teacher, p.solver_tasks, p.solver_samples = 4, 4, 2
-    p.recency_window = 0  # top-ups come from this step's own tasks, the ones the rewards must not count
     p.seed_file = "configs/seeds/basic.jsonl"
     p.evolution.enabled = False
     for key, value in populora.items():
         setattr(p, key, value)
     config.validate()
-    real = build_engine(config)
-    real.close()
-    engine = scripted_engine(policy)(LocalEngineConfig(**{**real.config.__dict__,
-                                                          "model_name_or_path": resolve_model("tiny")}))
-    loop = SelfPlay(config, engine, task_sandbox, tmp_path)
+    return config
+
+
+def scripted_loop(config: Config, engine_class: type, tmp_path, task_sandbox) -> SelfPlay:
+    """A loop on the real local engine (``engine_class``: a scripted subclass), adapters made, buffers seeded."""
+    loop = SelfPlay(config, engine_class(local_engine_config(config)), task_sandbox, tmp_path)
     loop.create_adapters()
     loop.seed_buffers()
     return loop
+
+
+def make_loop(tmp_path, task_sandbox, **populora) -> SelfPlay:
+    # recency_window 0: top-ups come from this step's own tasks, the ones the rewards must not count
+    config = tiny_config(**{"num_teachers": 1, "num_students": 3, "proposals_per_teacher": 4, "solver_tasks": 4,
+                            "solver_samples": 2, "recency_window": 0, **populora})
+    return scripted_loop(config, scripted_engine(policy), tmp_path, task_sandbox)
 
 
 @pytest.mark.parametrize("remap_zero, identity_reward", [(False, 0.0), (True, -0.5)])
@@ -154,22 +157,8 @@ def _valid_policy(adapter: str, prompt: str, sample: int, rng) -> str:
 
 def _work_per_adapter(tmp_path, task_sandbox, **populora) -> tuple[dict, dict, dict]:
     """One step; per adapter: proposals generated, answers generated, and Adam steps taken."""
-    from openrlhf_populora.cli.train import build_engine
-
-    config = Config()
-    config.actor.model_name_or_path = "tiny"
-    config.ds.lora.rank = 2
-    config.rollout.max_new_tokens = 16
-    p = config.populora
-    p.task_types = ["code_o"]
-    p.proposals_per_teacher, p.solver_tasks, p.solver_samples = 2, 3, 2
-    p.seed_file = "configs/seeds/basic.jsonl"
-    p.matchmaking = "round_robin"
-    for key, value in populora.items():
-        setattr(p, key, value)
-    config.validate()
-    real = build_engine(config)
-    real.close()
+    config = tiny_config(**{"proposals_per_teacher": 2, "solver_tasks": 3, "solver_samples": 2,
+                            "matchmaking": "round_robin", **populora})
     proposals: dict[str, int] = {}
     answers: dict[str, int] = {}
 
@@ -180,11 +169,9 @@ def _work_per_adapter(tmp_path, task_sandbox, **populora) -> tuple[dict, dict, d
                 table[r.adapter] = table.get(r.adapter, 0) + r.n
             return super().generate(requests, params)
 
-    engine = Counting(LocalEngineConfig(**{**real.config.__dict__, "model_name_or_path": resolve_model("tiny")}))
-    loop = SelfPlay(config, engine, task_sandbox, tmp_path)
-    loop.create_adapters()
-    loop.seed_buffers()
+    loop = scripted_loop(config, Counting, tmp_path, task_sandbox)
     loop.run_step()
+    engine = loop.engine
     adam_steps = {name: {int(s["step"]) for s in opt.state.values()} for name, opt in engine._optimizers.items()}
     return proposals, answers, adam_steps
 
