@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from openrlhf_populora.metrics import coverage
 from openrlhf_populora.metrics.coverage import (
     DESCRIPTORS,
     CoverageArchive,
@@ -151,6 +152,9 @@ def test_fingerprint_ignores_formatting():
 @pytest.mark.slow
 def test_default_archive_has_4096_cells(tmp_path, monkeypatch):
     monkeypatch.setenv("POPULORA_CACHE_DIR", str(tmp_path / "cache"))
+    # an earlier test in this process may have computed these cells: start from a cold process cache,
+    # so that the disk file is written here
+    monkeypatch.setattr(coverage, "_CENTROID_CACHE", {})
     archive = CoverageArchive.create(tmp_path, seed=0)
     assert archive.cells == 4096
     assert np.load(tmp_path / "centroids.npy").shape == (4096, len(DESCRIPTORS))
