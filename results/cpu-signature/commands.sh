@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The exact commands behind results/cpu-signature/ (run from the repository root, after `make install`).
+# The two runs went side by side, one core each, on a 2-core machine (configs/signature*.yaml set
+# populora.num_threads: 1); each can stop and resume exactly with --ckpt.load_enable.
+set -euo pipefail
+export OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
+RUNS=${RUNS:-runs}
+
+.venv/bin/python -m openrlhf_populora.cli.train --config configs/signature.yaml \
+    --ckpt.output_dir "$RUNS/signature" > "$RUNS/signature.log" 2>&1 &
+.venv/bin/python -m openrlhf_populora.cli.train --config configs/signature-baseline.yaml \
+    --ckpt.output_dir "$RUNS/signature-baseline" > "$RUNS/signature-baseline.log" 2>&1 &
+wait
+# after an interruption, the same two commands with --ckpt.load_enable added resume where the checkpoints left off
+
+# what is committed: each run's small result files, never its adapters or checkpoints
+for run in signature signature-baseline; do
+    mkdir -p "results/cpu-signature/$run"
+    cp "$RUNS/$run"/{config.yaml,run_meta.json,metrics.jsonl,events.jsonl,population.json,problems.jsonl} "results/cpu-signature/$run/"
+done
+
+# the comparison, from the committed files alone (so anyone can rerun it from a clone)
+.venv/bin/python -m openrlhf_populora.cli.compare results/cpu-signature/signature \
+    results/cpu-signature/signature-baseline --out results/cpu-signature | tee results/cpu-signature/compare.txt
