@@ -1,0 +1,273 @@
+"""``python -m openrlhf_populora.cli.tasks``: PopuLoRA's code tasks as a prompt dataset for stock OpenRLHF.
+
+    python -m openrlhf_populora.cli.tasks export --run runs/4t4s --out code_tasks.jsonl
+    python -m openrlhf_populora.cli.tasks export --seed-file configs/seeds/basic.jsonl --out code_tasks.jsonl
+    python -m openrlhf_populora.cli.tasks reward-file      # prints the path for --reward.remote_url
+
+``export`` writes OpenRLHF 0.11.2's prompt dataset (``--data.prompt_dataset``): one JSON object per line,
+
+    {"prompt": <the solver prompt>, "label": <the task as JSON>, "datasource": <its task type>}
+
+one line per (task, task type): a code_o or code_i task is a (program, input, output) triplet that can be played
+both ways, so it is written once as each of the two triplet types asked for (``--keep-types``: only as the type
+it was recorded with); a code_f task only as code_f. Identical (type, program, pairs, message) lines are written
+once. The tasks come from a seed file (``--seed-file``, JSONL of ``Task`` records, e.g. ``configs/seeds/basic.jsonl``)
+or from a run directory (``--run``: the task buffers it saved, ``buffers.jsonl``), i.e. what a population trained
+on. The label is what ``openrlhf_populora/openrlhf_reward.py`` (the reward file) reads: ``Task.to_json()``.
+
+How OpenRLHF reads the file (``openrlhf/datasets/prompts_dataset.py``): ``data[--data.input_key]`` is the
+prompt, ``data[--data.label_key]`` the label, ``datasource`` a tag. With ``--data.apply_chat_template`` a string
+prompt becomes one user message rendered by the tokenizer's chat template with the generation prompt, which is
+exactly how PopuLoRA renders its prompts (``populora.chat_template: true``). So ``--render``:
+
+- ``user`` (default): the solver's user message; train with ``--data.input_key prompt --data.label_key label
+  --data.apply_chat_template``. Upstream turns the text ``<image>`` in such a prompt into an image slot, so a task
+  whose prompt holds it is left out (counted on stderr); ``--render chat`` keeps it.
+- ``chat``: the user message already rendered with ``--model``'s chat template; train WITHOUT
+  ``--data.apply_chat_template``.
+- ``raw``: AZR's plain-text R1 conversation (PopuLoRA's ``populora.chat_template: false``); train WITHOUT
+  ``--data.apply_chat_template``.
+
+``--prompts default|compact`` picks the templates as the training config's ``populora.prompts`` does. Lines keep
+the source's order unless ``--shuffle-seed`` is given; ``--limit N`` keeps the first N lines (after shuffling).
+Bad input (an unknown task type, no task of the asked types, an unreadable or malformed file) is one line on
+stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from openrlhf_populora.tasks import COMPACT_TEMPLATES, DEFAULT_TEMPLATES, TASK_TYPES, Task, render_raw
+from openrlhf_populora.tasks import solver_prompt as make_solver_prompt
+from openrlhf_populora.tasks.records import TRIPLET_TYPES
+
+PROG = "python -m openrlhf_populora.cli.tasks"
+RENDERS = ("user", "chat", "raw")
+PROMPT_SETS = {"default": DEFAULT_TEMPLATES, "compact": COMPACT_TEMPLATES}
+INPUT_KEY, LABEL_KEY, SOURCE_KEY = "prompt", "label", "datasource"
+IMAGE_TAG = "<image>"  # upstream's prompt dataset splits a string prompt on it (an image slot) under apply_chat_template
+# the flags that read an exported file, per render
+TRAIN_FLAGS = {
+    "user": f"--data.input_key {INPUT_KEY} --data.label_key {LABEL_KEY} --data.apply_chat_template",
+    "chat": f"--data.input_key {INPUT_KEY} --data.label_key {LABEL_KEY}",
+    "raw": f"--data.input_key {INPUT_KEY} --data.label_key {LABEL_KEY}",
+}
+
+
+class InputError(Exception):
+    """Bad input: one line on stderr, exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, no usage block
+        print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def reward_file_path() -> str:
+    """The absolute path of the reward file for ``--reward.remote_url`` (it imports nothing heavy here)."""
+    from importlib.util import find_spec
+
+    spec = find_spec("openrlhf_populora.openrlhf_reward")
+    if spec is None or not spec.origin:  # pragma: no cover - the module is part of this package
+        raise RuntimeError("openrlhf_populora.openrlhf_reward is not importable")
+    return str(Path(spec.origin).resolve())
+
+
+def parse_task_types(text: str) -> list[str]:
+    """``"code_o,code_i"`` -> ``["code_o", "code_i"]``; an unknown or repeated type is an ``InputError``."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in TASK_TYPES]
+    if unknown or not names:
+        raise InputError(f"--task-types {text!r}: unknown task type {', '.join(unknown) or '(none given)'}; "
+                         f"choose from {', '.join(TASK_TYPES)}")
+    if len(set(names)) != len(names):
+        raise InputError(f"--task-types {text!r}: a task type is named twice")
+    return names
+
+
+def read_tasks(seed_file: str | None = None, run: str | None = None) -> tuple[list[Task], Path]:
+    """The task records of a seed file or of a run's ``buffers.jsonl``, in file order, and the file read."""
+    if run is not None:
+        run_dir = Path(run)
+        if not run_dir.is_dir():
+            raise InputError(f"--run {run}: no such directory")
+        path = run_dir / "buffers.jsonl"
+        if not path.is_file():
+            raise InputError(f"--run {run}: {path} not found (a run writes its task buffers there when it ends "
+                             "and at every checkpoint)")
+    else:
+        path = Path(str(seed_file))
+        if not path.is_file():
+            raise InputError(f"--seed-file {seed_file}: no such file")
+    tasks: list[Task] = []
+    try:
+        with path.open(encoding="utf-8") as handle:
+            for lineno, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    tasks.append(Task.from_dict(json.loads(line)))
+                except (ValueError, TypeError, RecursionError) as err:  # RecursionError: JSON nested too deep
+                    reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+                    raise InputError(f"{path}:{lineno}: not a task record ({reason})") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(f"cannot read {path}: {err}") from None
+    return tasks, path
+
+
+def playable_as(task: Task, task_types: Sequence[str], keep_types: bool = False) -> list[Task]:
+    """``task`` as each of ``task_types`` it can be played as: a triplet as code_o and code_i (just its own type
+    with ``keep_types``), a code_f task as code_f."""
+    if keep_types or task.task_type not in TRIPLET_TYPES:
+        return [task] if task.task_type in task_types else []
+    return [task if t == task.task_type else task.retyped(t) for t in task_types if t in TRIPLET_TYPES]
+
+
+def render_prompt(user_text: str, render: str, tokenizer=None) -> str:
+    """The prompt field of one line: the user message, the model's chat rendering of it, or AZR's raw text."""
+    if render == "user":
+        return user_text
+    if render == "raw":
+        return render_raw(user_text)
+    from openrlhf_populora.engines.base import render_chat
+
+    return render_chat(tokenizer, user_text, chat_template=True)
+
+
+def dataset_lines(tasks: Iterable[Task], task_types: Sequence[str], *, render: str = "user", prompts: str = "default",
+                  tokenizer=None, keep_types: bool = False, shuffle_seed: int | None = None,
+                  limit: int | None = None) -> tuple[list[dict], Counter]:
+    """The exported objects (``prompt``, ``label``, ``datasource``) and what was left out, by reason."""
+    if render not in RENDERS:
+        raise InputError(f"--render {render!r}: choose from {', '.join(RENDERS)}")
+    templates = PROMPT_SETS[prompts]
+    lines, seen, skipped = [], set(), Counter()
+    for task in tasks:
+        for played in playable_as(task, task_types, keep_types):
+            key = played.key()
+            if key in seen:
+                skipped["duplicate"] += 1
+                continue
+            seen.add(key)
+            user_text = make_solver_prompt(played, templates)
+            if render == "user" and IMAGE_TAG in user_text:
+                skipped["image_tag"] += 1
+                continue
+            lines.append({INPUT_KEY: render_prompt(user_text, render, tokenizer), LABEL_KEY: played.to_json(),
+                          SOURCE_KEY: played.task_type})
+    if shuffle_seed is not None:
+        random.Random(shuffle_seed).shuffle(lines)
+    if limit is not None:
+        lines = lines[:limit]
+    return lines, skipped
+
+
+def load_chat_tokenizer(model: str | None):
+    """The tokenizer whose chat template ``--render chat`` uses (a local HF directory or one of this package's
+    model names)."""
+    if not model:
+        raise InputError("--render chat needs --model (the model whose chat template renders the prompts)")
+    from openrlhf_populora.models.embedded import resolve_model
+
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model(model), local_files_only=True)
+    except Exception as err:  # noqa: BLE001 - any failure to load is bad input here
+        raise InputError(f"--model {model}: cannot load its tokenizer ({str(err).splitlines()[0] if str(err) else err!r})"
+                         ) from None
+    if not getattr(tokenizer, "chat_template", None):
+        raise InputError(f"--model {model}: its tokenizer has no chat template; use --render raw")
+    return tokenizer
+
+
+def write_jsonl(lines: Sequence[dict], out: str) -> None:
+    text = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
+    if out == "-":
+        sys.stdout.write(text)
+        return
+    path = Path(out)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # written whole, then renamed over ``out``
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise InputError(f"cannot write {out}: {err}") from None
+
+
+def export(args: argparse.Namespace) -> int:
+    task_types = parse_task_types(args.task_types)
+    if args.limit is not None and args.limit < 1:
+        raise InputError(f"--limit must be >= 1, got {args.limit}")
+    tokenizer = load_chat_tokenizer(args.model) if args.render == "chat" else None
+    tasks, source = read_tasks(args.seed_file, args.run)
+    if not tasks:
+        raise InputError(f"{source} holds no task")
+    lines, skipped = dataset_lines(tasks, task_types, render=args.render, prompts=args.prompts, tokenizer=tokenizer,
+                                   keep_types=args.keep_types, shuffle_seed=args.shuffle_seed, limit=args.limit)
+    if not lines:
+        found = ", ".join(f"{t}: {n}" for t, n in sorted(Counter(t.task_type for t in tasks).items()))
+        raise InputError(f"{source} has no task playable as {', '.join(task_types)} (it holds {found})")
+    write_jsonl(lines, args.out)
+    counts = Counter(line[SOURCE_KEY] for line in lines)
+    note = ""
+    if skipped["image_tag"]:
+        note = (f"; left out {skipped['image_tag']} whose prompt holds {IMAGE_TAG!r} (upstream's "
+                "--data.apply_chat_template would make it an image slot; --render chat keeps them)")
+    print(f"wrote {len(lines)} prompts ({', '.join(f'{t}: {n}' for t, n in sorted(counts.items()))}) from {source} "
+          f"to {args.out}{note}. Train with: --data.prompt_dataset {args.out} {TRAIN_FLAGS[args.render]} "
+          f"--reward.remote_url {reward_file_path()}", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    exp = commands.add_parser("export", help="write the prompt dataset of stock OpenRLHF (JSONL: prompt, label)",
+                              description="Write OpenRLHF's prompt dataset from a seed file or a run's task buffers.")
+    source = exp.add_mutually_exclusive_group(required=True)
+    source.add_argument("--seed-file", help="JSONL of Task records (e.g. configs/seeds/basic.jsonl)")
+    source.add_argument("--run", help="a run directory: its task buffers (buffers.jsonl)")
+    exp.add_argument("--out", required=True, help="the JSONL to write ('-': stdout)")
+    exp.add_argument("--task-types", default=",".join(TASK_TYPES),
+                     help=f"comma list of task types to export (default: {','.join(TASK_TYPES)})")
+    exp.add_argument("--keep-types", action="store_true",
+                     help="export each triplet only as the type it was recorded with (default: as code_o and code_i)")
+    exp.add_argument("--prompts", default="default", choices=tuple(PROMPT_SETS),
+                     help="prompt templates, as the training config's populora.prompts")
+    exp.add_argument("--render", default="user", choices=RENDERS,
+                     help="user: the user message (train with --data.apply_chat_template); chat: rendered with "
+                          "--model's chat template; raw: AZR's plain-text R1 conversation")
+    exp.add_argument("--model", help="for --render chat: the model (local HF directory or this package's name)")
+    exp.add_argument("--limit", type=int, default=None, help="keep the first N lines (after shuffling)")
+    exp.add_argument("--shuffle-seed", type=int, default=None, help="shuffle the lines with this seed")
+    commands.add_parser("reward-file", help="print the reward file's path, for --reward.remote_url",
+                        description="Print the absolute path of openrlhf_populora/openrlhf_reward.py.")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "reward-file":
+        print(reward_file_path())
+        return 0
+    try:
+        return export(args)
+    except InputError as err:
+        print(f"{PROG} export: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
