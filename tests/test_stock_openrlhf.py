@@ -1,5 +1,6 @@
-"""Stock OpenRLHF (baseline B2) on this CPU: ``cli.tasks export`` -> unmodified ``train_ppo_ray`` through
-``cli.stock_ppo`` with the plugin's reward file -> a saved HF checkpoint.
+"""Stock OpenRLHF (baseline B2) on this CPU, by the launch README's recipe (``launch/stock_b2_cpu.sh``):
+``cli.tasks export`` -> unmodified ``train_ppo_ray`` through ``cli.stock_ppo`` with the plugin's reward file ->
+a saved HF checkpoint.
 
 The tiny random model never writes a well-formed answer, so every reward would be the same format penalty and
 every REINFORCE++ advantage 0 (nothing would train and nothing would be checked). The model is first taught, by
@@ -33,14 +34,6 @@ pytestmark = [
 ]
 
 
-def export_dataset(path: Path) -> list[dict]:
-    from openrlhf_populora.cli import tasks
-
-    assert tasks.main(["export", "--seed-file", str(ROOT / "configs" / "seeds" / "basic.jsonl"),
-                       "--task-types", "code_o", "--limit", "4", "--out", str(path)]) == 0
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
 def teach_fixed_answer(model_dir: Path, prompts: list[str], steps: int = 150) -> None:
     """Fine-tune the tiny model in place to answer each prompt (as upstream renders it: the chat template with
     the generation prompt) with :data:`ANSWER` and EOS."""
@@ -67,23 +60,12 @@ def teach_fixed_answer(model_dir: Path, prompts: list[str], steps: int = 150) ->
     model.save_pretrained(model_dir)
 
 
-def stock_command(model_dir: Path, dataset: Path, out: Path) -> list[str]:
-    """The stock run the launch README gives for this CPU (REINFORCE++, full fine-tune, the reward file)."""
-    from openrlhf_populora.cli.tasks import reward_file_path
-
-    return [
-        sys.executable, "-m", "openrlhf_populora.cli.stock_ppo",
-        "--actor.model_name_or_path", str(model_dir), "--actor.num_nodes", "1", "--actor.num_gpus_per_node", "1",
-        "--vllm.num_engines", "1", "--vllm.enforce_eager", "--ds.zero_stage", "2", "--actor.adam.lr", "1e-3",
-        "--algo.advantage.estimator", "reinforce", "--algo.kl.init_coef", "0",
-        "--reward.remote_url", reward_file_path(),
-        "--data.prompt_dataset", str(dataset), "--data.input_key", "prompt", "--data.label_key", "label",
-        "--data.apply_chat_template", "--data.max_len", "1024", "--rollout.max_new_tokens", str(MAX_NEW_TOKENS),
-        "--rollout.batch_size", "4", "--rollout.n_samples_per_prompt", "2", "--rollout.micro_batch_size", "4",
-        "--train.batch_size", "8", "--train.micro_batch_size", "2", "--train.max_epochs", "1",
-        "--train.num_episodes", "2", "--train.seed", "42",
-        "--ckpt.output_dir", str(out / "hf"), "--ckpt.save_hf", "--logger.tensorboard_dir", str(out / "tb"),
-    ]
+def recipe(root: Path, steps: str, **env: str) -> None:
+    """``launch/stock_b2_cpu.sh`` (the launch README's recipe) with ``STEPS=steps``, writing into ``root``."""
+    env = {**os.environ, "PY": sys.executable, "OUT": str(root), "STEPS": steps, **env}
+    proc = subprocess.run(["bash", str(ROOT / "launch" / "stock_b2_cpu.sh")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 
 
 def read_tensorboard(tb_dir: Path) -> tuple[dict[str, dict[int, float]], dict[int, str]]:
@@ -103,16 +85,17 @@ def read_tensorboard(tb_dir: Path) -> tuple[dict[str, dict[int, float]], dict[in
 
 @pytest.fixture(scope="module")
 def stock_run(tmp_path_factory):
+    """The recipe's export, then the tiny model taught its fixed answer, then the recipe's training (2 episodes
+    of the 4 exported code_o prompts, one rollout batch each)."""
     from openrlhf_populora.models.tiny import VLLM_HEADS, save_tiny_model
 
     root = tmp_path_factory.mktemp("stock")
-    lines = export_dataset(root / "code_tasks.jsonl")
+    recipe(root, "export", SEED_FILE=str(ROOT / "configs" / "seeds" / "basic.jsonl"), TASK_TYPES="code_o", LIMIT="4")
+    lines = [json.loads(line) for line in (root / "code_tasks.jsonl").read_text().splitlines()]
+    assert len(lines) == 4
     model_dir = save_tiny_model(root / "model", seed=0, heads=VLLM_HEADS)
     teach_fixed_answer(model_dir, [line["prompt"] for line in lines])
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run(stock_command(model_dir, root / "code_tasks.jsonl", root), cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=1200)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    recipe(root, "train", MODEL=str(model_dir), MAX_NEW_TOKENS=str(MAX_NEW_TOKENS), EPISODES="2", LR="1e-3")
     return root, lines, model_dir
 
 
@@ -122,7 +105,7 @@ def test_stock_run_rewards_are_the_reward_files(stock_run):
     from openrlhf_populora.openrlhf_reward import score_completions
 
     root, lines, _ = stock_run
-    scalars, samples = read_tensorboard(root / "tb")
+    scalars, samples = read_tensorboard(root / "tensorboard")
     steps = sorted(scalars["train/reward"])
     assert steps == [1, 2], steps  # 4 prompts, all 4 in one rollout batch, 2 episodes
     for key in ("train/format_ok", "train/correct", "train/reward_errors"):  # the reward file's extra_logs
@@ -145,7 +128,7 @@ def test_stock_run_trains_the_whole_model_and_saves_it(stock_run):
     from safetensors.torch import load_file
 
     root, _, model_dir = stock_run
-    scalars, _ = read_tensorboard(root / "tb")
+    scalars, _ = read_tensorboard(root / "tensorboard")
     assert any(scalars["train/actor_grad_norm"][step] > 0 for step in scalars["train/actor_grad_norm"])
     start = load_file(str(model_dir / "model.safetensors"))
     saved = load_file(str(root / "hf" / "model.safetensors"))

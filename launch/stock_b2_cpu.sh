@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Stock OpenRLHF (baseline B2) on one machine without GPUs, in three commands: export the code tasks as
+# OpenRLHF's prompt dataset, train with unmodified openrlhf.cli.train_ppo_ray (through cli.stock_ppo, which adds
+# only what a CPU needs; on a GPU node call train_ppo_ray itself, see README.md), evaluate its HF checkpoint
+# beside a PopuLoRA run and its baseline (B1). Run from the repository root, after `make install`.
+#
+#   bash launch/stock_b2_cpu.sh                                   # export + train on the embedded code model
+#   POP=runs/signature B1=runs/signature-baseline bash launch/stock_b2_cpu.sh   # ... + the pass@1 table
+#   STEPS=evaluate POP=... B1=... bash launch/stock_b2_cpu.sh     # only the table, for a finished stock run
+#
+# Environment (defaults in brackets); extra arguments go to train_ppo_ray and win over these:
+#   MODEL [embedded-coder]  a local HF model directory or one of this package's model names
+#   OUT [runs/stock-b2]     code_tasks.jsonl, hf/ (the trained model), checkpoints/, tensorboard/
+#   SEED_FILE [configs/seeds/basic.jsonl] or FROM_RUN (a run directory: the tasks it trained on)
+#   TASK_TYPES [code_o,code_i]  LIMIT [all]  EPISODES [1]  LR [1e-6]  MAX_NEW_TOKENS [192]
+#   ROLLOUT_BATCH [4] prompts a step, N_SAMPLES [2] per prompt, TRAIN_BATCH [8]
+#   POP, B1 (run directories), BENCHMARKS [humaneval], DATA_DIR, EVAL_LIMIT: the evaluation
+#   STEPS ["export train evaluate"]
+set -euo pipefail
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TOKENIZERS_PARALLELISM=false
+PY=${PY:-.venv/bin/python}
+OUT=${OUT:-runs/stock-b2}
+STEPS=${STEPS:-export train evaluate}
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+mkdir -p "$OUT"
+
+if has export; then
+    source_args=(--seed-file "${SEED_FILE:-configs/seeds/basic.jsonl}")
+    [[ -n "${FROM_RUN:-}" ]] && source_args=(--run "$FROM_RUN")
+    "$PY" -m openrlhf_populora.cli.tasks export "${source_args[@]}" --task-types "${TASK_TYPES:-code_o,code_i}" \
+        ${LIMIT:+--limit "$LIMIT"} --out "$OUT/code_tasks.jsonl"
+fi
+
+if has train; then
+    model_dir=$("$PY" -c 'import sys; from openrlhf_populora.models.embedded import resolve_model; print(resolve_model(sys.argv[1], for_vllm=True))' "${MODEL:-embedded-coder}")
+    "$PY" -m openrlhf_populora.cli.stock_ppo \
+        --actor.model_name_or_path "$model_dir" --actor.num_nodes 1 --actor.num_gpus_per_node 1 \
+        --vllm.num_engines 1 --vllm.enforce_eager --ds.zero_stage 2 --actor.adam.lr "${LR:-1e-6}" \
+        --algo.advantage.estimator reinforce --algo.kl.init_coef 0 \
+        --reward.remote_url "$("$PY" -m openrlhf_populora.cli.tasks reward-file)" \
+        --data.prompt_dataset "$OUT/code_tasks.jsonl" --data.input_key prompt --data.label_key label \
+        --data.apply_chat_template --data.max_len 2048 --rollout.max_new_tokens "${MAX_NEW_TOKENS:-192}" \
+        --rollout.batch_size "${ROLLOUT_BATCH:-4}" --rollout.n_samples_per_prompt "${N_SAMPLES:-2}" \
+        --rollout.micro_batch_size "${ROLLOUT_BATCH:-4}" --train.batch_size "${TRAIN_BATCH:-8}" \
+        --train.micro_batch_size 2 --train.max_epochs 1 --train.num_episodes "${EPISODES:-1}" --train.seed 42 \
+        --ckpt.output_dir "$OUT/hf" --ckpt.save_hf --ckpt.path "$OUT/checkpoints" \
+        --logger.tensorboard_dir "$OUT/tensorboard" "$@"
+fi
+
+if has evaluate; then
+    if [[ -z "${POP:-}" ]]; then
+        echo "evaluate: set POP (a PopuLoRA run) and B1 (its baseline run) for the pass@1 table" >&2
+        exit 0
+    fi
+    "$PY" -m openrlhf_populora.cli.evaluate --run "$POP" ${B1:+--baseline "$B1"} --model "stock-openrlhf=$OUT/hf" \
+        --benchmarks "${BENCHMARKS:-humaneval}" ${DATA_DIR:+--data-dir "$DATA_DIR"} ${EVAL_LIMIT:+--limit "$EVAL_LIMIT"} \
+        --out "$OUT/eval"
+fi
