@@ -50,13 +50,13 @@ def test_member_scores_and_averages(summary):
 
 def test_rows_population_mean_best_worst(summary):
     rows = {r["label"]: r for r in summary["rows"]}
-    assert list(rows) == ["Base model", "Baseline", "Population mean", "Population best (s0)",
+    assert list(rows) == ["Base model", "PopuLoRA baseline (B1)", "Population mean", "Population best (s0)",
                           "Population worst (t0)", "s0 (student)", "s1 (student)", "t0 (teacher)"]
     mean = rows["Population mean"]
     assert mean["scores"]["humaneval_plus"] == pytest.approx((80 + 60 + 70) / 3)
     # overalls: s0 55, s1 (60+40)/2 = 50, t0 (55+30)/2 = 42.5
     assert mean["overall"] == pytest.approx((55 + 50 + 42.5) / 3)
-    assert rows["Baseline"]["overall"] == pytest.approx(((60 + 50) / 2 + (30 + 20) / 2) / 2)
+    assert rows["PopuLoRA baseline (B1)"]["overall"] == pytest.approx(((60 + 50) / 2 + (30 + 20) / 2) / 2)
 
 
 def test_markdown_and_csv_tables(summary):

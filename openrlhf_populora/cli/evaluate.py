@@ -1,16 +1,18 @@
 """``python -m openrlhf_populora.cli.evaluate``: greedy pass@1 of every member on the paper's benchmarks.
 
     python -m openrlhf_populora.cli.evaluate --run runs/4t4s --baseline runs/baseline \\
-        --benchmarks paper --data-dir ~/bench-data --members all --base
+        --model stock=runs/stock-openrlhf --benchmarks paper --data-dir ~/bench-data --members all --base
 
-evaluates the base model (``--base``), every selected member of ``--run`` and every member of the
-``--baseline`` run, and writes into ``--out`` (default ``<run>/eval``):
+evaluates the base model (``--base``), every selected member of ``--run``, every member of the ``--baseline``
+run (the PopuLoRA single-agent baseline, B1) and every full model of ``--model NAME=DIR`` (the stock OpenRLHF
+baseline, B2), and writes into ``--out`` (default ``<run>/eval``):
 
     samples.jsonl   one graded sample per (member, benchmark, problem): append-only; rerun to resume
-    settings.json   what the samples depend on (templates, lengths, base model, adapter hashes)
-    results.json    scores per member and the table rows
-    results.md/csv  the table: benchmarks, Code Avg, Math Avg, Overall; base, baseline, population
-                    mean / best / worst, every member
+    settings.json   what the samples depend on (templates, lengths, base model, adapter and model hashes)
+    results.json    scores per member and the table rows, each with its group (base / baseline / stock /
+                    population)
+    results.md/csv  the table: benchmarks, Code Avg, Math Avg, Overall; base, PopuLoRA baseline (B1), stock
+                    OpenRLHF (B2), population mean / best / worst, every member
     results.png     a grouped bar chart (PopuLoRA Figure 2 style)
 
 ``--benchmarks``: a comma list of humaneval, humaneval_plus, mbpp_plus, livecodebench, aime24, aime25,
@@ -21,12 +23,24 @@ named in this invocation; samples of others stay in samples.jsonl.
 
 Without a run directory, ``--base-model PATH --adapter NAME=DIR ...`` evaluates any PEFT adapters.
 
+``--model NAME=DIR`` (repeatable) evaluates a full fine-tuned HF model directory -- ``config.json``, the
+weights, the tokenizer files, no adapter -- such as what stock OpenRLHF's ``train_ppo_ray --ckpt.save_hf``
+writes to ``--ckpt.output_dir``. It is its own base: after the run's members, an engine loaded from DIR (the
+same path ``--base`` takes with the base model) generates its answers, with no adapter. Its row is
+``Stock OpenRLHF (B2): NAME``, beside the population and the PopuLoRA baseline; its samples are stored under
+NAME and resumed like every member's (settings.json records a hash of its weights, config and tokenizer, and
+refuses a changed DIR under the same NAME). NAME must not be a member's id, ``base`` or ``baseline-...``.
+Without ``--run``, ``--model`` alone (with ``--out``) evaluates just the full models. Both engines support it
+(``--engine vllm`` starts one vLLM engine per full model, after the run's).
+
 Prompt templates (``--code-template`` / ``--math-template``, see ``openrlhf_populora/eval/prompts.py``): a
 model is evaluated in the prompt format it was trained on. An AZR-trained policy, or adapters trained on raw
 prompts (``populora.chat_template: false``), need ``azr`` (code) and ``azr_boxed`` (math); an instruct base
 model, or adapters trained with the chat template (``populora.chat_template: true``, the training default),
-need ``chat``. The default ``auto`` picks once per invocation, from the base model's tokenizer (has it a chat
-template?) and the ``config.yaml`` of ``--run`` and ``--baseline`` (a bare ``--adapter`` is unknown), prints
+need ``chat``; a full model (``--model``) is treated like the base model: ``chat`` when its tokenizer has a
+chat template, rendered with its own. The default ``auto`` picks once per invocation, from the tokenizers of the
+base model and of every ``--model`` (have they all a chat template?) and the ``config.yaml`` of ``--run`` and
+``--baseline`` (a bare ``--adapter`` is unknown), prints
 what it chose and why, and records the chosen names in settings.json: resuming into the same ``--out`` with a
 different choice is refused. Runs trained on different formats cannot share one invocation (exit 2).
 
@@ -55,10 +69,12 @@ from openrlhf_populora.eval.evaluator import EvalSettings, run_evaluation
 from openrlhf_populora.eval.generation import VLLMBackend, assign_slots, build_local_backend, vllm_available
 from openrlhf_populora.eval.members import (
     BASE_MEMBER,
+    STOCK_ROLE,
     EvalMember,
-    adapter_digest,
     check_adapters,
+    check_model_dir,
     load_run_members,
+    member_digest,
     same_model,
     select_members,
 )
@@ -76,21 +92,30 @@ from openrlhf_populora.eval.report import markdown_table, summarize, write_repor
 from openrlhf_populora.eval.store import ResultStore
 
 BASELINE_PREFIX = "baseline-"  # baseline members are named baseline-<id> in results
+MODEL_USAGE = "--model NAME=DIR"
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m openrlhf_populora.cli.evaluate", allow_abbrev=False,
-                                description="Greedy pass@1 of every member of a run on code and math benchmarks.",
+                                description="Greedy pass@1 of every member of a run on code and math benchmarks, beside the "
+                                            "base model, the PopuLoRA baseline (B1) and full fine-tuned models "
+                                            "such as stock OpenRLHF's (B2).",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_argument_group("what to evaluate")
     src.add_argument("--run", help="run directory (config.yaml, population.json, adapters/<member>/)")
     src.add_argument("--members", default="all",
                      help="all | students | teachers | best (highest-rated solver) | comma list of member ids")
-    src.add_argument("--baseline", help="run directory of the single-agent baseline (all its members)")
+    src.add_argument("--baseline", help="run directory of the PopuLoRA single-agent baseline, row 'PopuLoRA baseline (B1)' "
+                          "(all its members)")
     src.add_argument("--base", action="store_true", help="also evaluate the base model without adapter")
     src.add_argument("--base-model", help="base model (default: the run's actor.model_name_or_path)")
     src.add_argument("--adapter", action="append", default=[], metavar="NAME=DIR",
                      help="evaluate a PEFT adapter directory (repeatable; with --base-model, instead of --run)")
+    src.add_argument("--model", action="append", default=[], metavar="NAME=DIR",
+                     help="evaluate a full fine-tuned HF model directory (config.json, weights, tokenizer; no "
+                          "adapter), e.g. stock OpenRLHF's train_ppo_ray --ckpt.save_hf output, as its own row "
+                          "'Stock OpenRLHF (B2): NAME' (group 'stock'); it is its own base, loaded from DIR "
+                          "with no adapter (repeatable; beside --run/--baseline, or alone with --out)")
     bench = p.add_argument_group("benchmarks")
     bench.add_argument("--benchmarks", default="humaneval", help="comma list, or 'paper' (default: humaneval)")
     bench.add_argument("--data-dir", help="directory holding the benchmark files (published formats)")
@@ -136,6 +161,33 @@ def _adapter_members(specs: list[str]) -> list[EvalMember]:
     return members
 
 
+def _model_members(specs: list[str], taken: set[str]) -> list[EvalMember]:
+    """The full models of ``--model NAME=DIR``, each checked to be an HF model directory; ``taken``: the member
+    ids of ``--run`` and the ``--adapter`` names (a full model may not share one)."""
+    members: list[EvalMember] = []
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise ValueError(f"--model {spec!r}: expected {MODEL_USAGE} (a name for the table, then the model "
+                             "directory)")
+        if name != name.strip() or "/" in name:
+            raise ValueError(f"--model {spec!r}: NAME may not contain '/' or begin or end with spaces")
+        if name == BASE_MEMBER or name.startswith(BASELINE_PREFIX):
+            raise ValueError(f"--model {spec!r}: the name {name!r} is reserved ({BASE_MEMBER!r} is the base model, "
+                             f"{BASELINE_PREFIX}<id> the baseline's members); pick another NAME")
+        if name in taken:
+            raise ValueError(f"--model {spec!r}: the name {name!r} is already a member's (a member id of --run, or "
+                             "an --adapter name); pick another NAME (samples are stored by name)")
+        if name in (m.name for m in members):
+            raise ValueError(f"--model {spec!r}: the name {name!r} is given twice")
+        try:
+            check_model_dir(Path(path))
+        except ValueError as exc:
+            raise ValueError(f"--model {spec!r}: {exc}") from None
+        members.append(EvalMember(name, None, STOCK_ROLE, model_dir=Path(path)))
+    return members
+
+
 def _resolve(base_model: str) -> str:
     from openrlhf_populora.models.embedded import resolve_model
 
@@ -143,40 +195,52 @@ def _resolve(base_model: str) -> str:
 
 
 class Plan(NamedTuple):
-    base_model: str  # resolved: a local HF directory
-    groups: dict[str, list[EvalMember]]  # base / baseline / population
+    base_model: str | None  # resolved: a local HF directory (None: only full models, --model, are evaluated)
+    groups: dict[str, list[EvalMember]]  # base / baseline / stock / population
     out: Path
     sources: dict[str, bool | None]  # each source of adapters -> populora.chat_template of its training
-    model_name: str  # the base model as named (--base-model or the run's), before resolving
+    model_name: str | None  # the base model as named (--base-model or the run's), before resolving
 
 
 def plan(args: argparse.Namespace) -> Plan:
     """The resolved base model, members per group, output directory and adapter sources of a command line."""
-    groups: dict[str, list[EvalMember]] = {"base": [], "baseline": [], "population": []}
+    groups: dict[str, list[EvalMember]] = {"base": [], "baseline": [], "population": []}  # + "stock" with --model
     sources: dict[str, bool | None] = {}
+    taken: set[str] = set()  # every member id of --run (selected or not) and every --adapter name
+    base_model: str | None
     if args.run:
         run = load_run_members(args.run, args.base_model)
         base_model, groups["population"] = run.base_model, select_members(run.members, args.members)
         default_out = run.run_dir / "eval"
         sources[f"--run {args.run}"] = run.chat_template
+        taken.update(m.name for m in run.members)
     elif args.adapter or args.base:
         if not args.base_model:
             raise ValueError("--adapter/--base without --run needs --base-model")
         base_model, default_out = args.base_model, None
+    elif args.model:
+        base_model, default_out = args.base_model, None  # full models are their own base
     else:
-        raise ValueError("nothing to evaluate: pass --run RUN_DIR (or --base-model with --adapter NAME=DIR / --base)")
+        raise ValueError("nothing to evaluate: pass --run RUN_DIR (or --base-model with --adapter NAME=DIR / --base, "
+                         f"or {MODEL_USAGE})")
     adapters = _adapter_members(args.adapter)
     groups["population"] += adapters
     sources.update({f"--adapter {m.name}": None for m in adapters})  # how a bare adapter was trained is unknown
-    resolved = _resolve(base_model)
+    taken.update(m.name for m in adapters)
+    resolved = _resolve(base_model) if base_model else None
     if args.baseline:
         baseline = load_run_members(args.baseline, args.base_model)
-        if not same_model(_resolve(baseline.base_model), resolved):
+        if resolved is None:  # --model and --baseline without --run: the baseline's base model
+            base_model, resolved = baseline.base_model, _resolve(baseline.base_model)
+        elif not same_model(_resolve(baseline.base_model), resolved):
             raise ValueError(f"--baseline {args.baseline} was trained on {baseline.base_model!r} but --run on "
                              f"{base_model!r}: compare runs of the same base model.")
         groups["baseline"] = [EvalMember(BASELINE_PREFIX + m.name, m.adapter_dir, m.role, m.rating)
                               for m in baseline.members]
         sources[f"--baseline {args.baseline}"] = baseline.chat_template
+    stock = _model_members(args.model, taken)
+    if stock:
+        groups["stock"] = stock
     if args.base:
         groups["base"] = [EvalMember(BASE_MEMBER, None, "base")]
     names = [m.name for ms in groups.values() for m in ms]
@@ -188,11 +252,31 @@ def plan(args: argparse.Namespace) -> Plan:
     return Plan(resolved, groups, out, sources, base_model)
 
 
-def choose_prompt_templates(args: argparse.Namespace, base_model: str,
-                            sources: dict[str, bool | None]) -> tuple[dict[str, str], str]:
-    """``--code-template`` / ``--math-template`` with ``auto`` resolved (see ``eval.prompts``), and why."""
+def choose_prompt_templates(args: argparse.Namespace, base_model: str | None, sources: dict[str, bool | None],
+                            members: list[EvalMember] | None = None) -> tuple[dict[str, str], str]:
+    """``--code-template`` / ``--math-template`` with ``auto`` resolved (see ``eval.prompts``), and why.
+
+    The tokenizers that render prompts: the base model's (when a member generates with it; always when
+    ``members`` is not given) and every full model's (``--model``); ``chat`` needs a chat template in each."""
     requested = {"code": args.code_template, "math": args.math_template}
-    return resolve_templates(requested, model_has_chat_template(base_model), sources)
+    members = members or []
+    renderers: dict[str, str] = {}  # who -> model directory
+    if base_model is not None and (not members or any(m.model_dir is None for m in members)):
+        renderers["the base model"] = base_model
+    for member in members:
+        if member.model_dir is not None:
+            renderers[f"--model {member.name}"] = str(member.model_dir)
+    has_chat = {who: _has_chat_template(who, path) for who, path in renderers.items()}
+    lacking = [who for who, chat in has_chat.items() if not chat]
+    return resolve_templates(requested, not lacking, sources, lacking or list(has_chat) or ["the base model"])
+
+
+def _has_chat_template(who: str, model_dir: str) -> bool:
+    try:
+        return model_has_chat_template(model_dir)
+    except (OSError, ValueError) as exc:  # a tokenizer transformers cannot load
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"{who}: cannot load the tokenizer of {model_dir}: {first}") from None
 
 
 def plan_published_checks(args: argparse.Namespace, benchmarks: list[str], model_name: str) -> list[PublishedScore]:
@@ -216,10 +300,10 @@ def main(argv: list[str] | None = None) -> int:
         benchmarks = parse_benchmark_names(args.benchmarks)
         base_model, groups, out, sources, model_name = plan(args)
         members = [m for group in groups.values() for m in group]
-        lora = check_adapters(members, base_model)
+        lora = check_adapters(members, base_model) if base_model else {}
         problems = {b: load_benchmark(b, args.data_dir, args.limit) for b in benchmarks}  # fail before loading a model
         published = plan_published_checks(args, benchmarks, model_name)
-        templates, why = choose_prompt_templates(args, base_model, sources)
+        templates, why = choose_prompt_templates(args, base_model, sources, members)
         print(f"[eval] prompt templates: code {templates['code']}, math {templates['math']} ({why})")
         settings = EvalSettings(
             code_template=templates["code"], math_template=templates["math"], max_new_tokens=args.max_new_tokens,
@@ -228,23 +312,34 @@ def main(argv: list[str] | None = None) -> int:
             sandbox_memory_mb=args.sandbox_memory_mb,
         )
         settings.validate()
-        store = ResultStore(out, {**settings.identity(), "base_model": base_model,
-                                  "members": {m.name: adapter_digest(m.adapter_dir) for m in members}})
+        identity = {**settings.identity(), "members": {m.name: member_digest(m) for m in members}}
+        if base_model is not None:  # absent when only full models are evaluated (a later run may add it)
+            identity["base_model"] = base_model
+        store = ResultStore(out, identity)
     except (ValueError, BenchmarkFormatError) as exc:
         parser.exit(2, f"error: {exc}\n")
     if not args.report_only:
         engine = args.engine
         if engine == "auto":
             engine = "vllm" if vllm_available() else "local"
-        if engine == "vllm":
-            backend = VLLMBackend(base_model, members, lora, dtype="float32" if args.dtype == "fp32" else "bfloat16")
-        else:
-            backend = build_local_backend(base_model, members, lora, device=args.device, dtype=args.dtype,
-                                          batch_size=args.batch_size)
-        try:
-            run_evaluation(backend, assign_slots(members), problems, store, settings)
-        finally:
-            backend.close()
+        for model_dir, engine_members in engine_jobs(base_model, members):
+            pending = _pending(store, engine_members, problems)
+            if not pending:
+                total = len(engine_members) * sum(len(p) for p in problems.values())
+                print(f"[eval] {', '.join(m.name for m in engine_members)}: {total}/{total} samples already graded; "
+                      "0 to go")
+                continue
+            job_lora = lora if any(m.adapter_dir is not None for m in engine_members) else {}  # full model: none
+            if engine == "vllm":
+                backend = VLLMBackend(model_dir, engine_members, job_lora,
+                                      dtype="float32" if args.dtype == "fp32" else "bfloat16")
+            else:
+                backend = build_local_backend(model_dir, engine_members, job_lora, device=args.device,
+                                              dtype=args.dtype, batch_size=args.batch_size)
+            try:
+                run_evaluation(backend, assign_slots(engine_members), problems, store, settings)
+            finally:
+                backend.close()
     summary = summarize(
         store.records(), {g: [m.name for m in ms] for g, ms in groups.items()}, benchmarks,
         totals={b: len(p) for b, p in problems.items()}, roles={m.name: m.role for m in members},
@@ -260,6 +355,23 @@ def main(argv: list[str] | None = None) -> int:
     for record in checks:
         print(format_check(record))
     return 1 if any(record["verdict"] != "PASS" for record in checks) else 0
+
+
+def engine_jobs(base_model: str | None, members: list[EvalMember]) -> list[tuple[str, list[EvalMember]]]:
+    """(model directory, members generated with it) per engine, in order: the base model with every adapter
+    (and the bare base), then each full model (``--model``) on its own, with no adapter."""
+    jobs: list[tuple[str, list[EvalMember]]] = []
+    on_base = [m for m in members if m.model_dir is None]
+    if on_base:
+        assert base_model is not None, "members on the base model need a base model"
+        jobs.append((base_model, on_base))
+    jobs += [(str(m.model_dir), [m]) for m in members if m.model_dir is not None]
+    return jobs
+
+
+def _pending(store: ResultStore, members: list[EvalMember], problems: dict[str, list[Problem]]) -> int:
+    """How many (member, benchmark, problem) samples of ``members`` are not stored yet."""
+    return sum(not store.has(m.name, b, p.problem_id) for m in members for b, plist in problems.items() for p in plist)
 
 
 def _published_check(score: PublishedScore, records: list[dict], problems: list[Problem], base_model: str,

@@ -1,4 +1,4 @@
-"""Which adapters to evaluate: members of a run directory, checked for compatibility.
+"""What to evaluate: members of a run directory (adapters, checked for compatibility) and full models.
 
 A run directory (written by the training loop) holds ``config.yaml`` (base model under
 ``actor.model_name_or_path``; whether prompts were rendered with the chat template under
@@ -6,6 +6,11 @@ A run directory (written by the training loop) holds ``config.yaml`` (base model
 under ``adapters/<member_id>/`` (``adapter_config.json`` + ``adapter_model.safetensors``). The evaluator
 itself only needs (base model, {name: adapter directory}); this module is the one place that knows the run
 layout.
+
+A *full model* (``--model NAME=DIR``: a fine-tuned HF model directory such as stock OpenRLHF's
+``train_ppo_ray --ckpt.save_hf`` output, with ``config.json``, the weights and the tokenizer files, no adapter)
+is its own base: its ``EvalMember`` has no adapter and names the directory in ``model_dir``, and the evaluation
+generates for it with an engine loaded from that directory (:func:`check_model_dir` checks one).
 """
 
 from __future__ import annotations
@@ -21,16 +26,25 @@ import yaml
 
 BASE_MEMBER = "base"  # the name the base model (no adapter) gets in results
 SOLVER_ROLES = ("student", "both")
+STOCK_ROLE = "stock"  # the role of a full model (--model): the stock OpenRLHF baseline (B2)
+WEIGHT_SUFFIXES = (".safetensors", ".bin")  # HF weight files (one file, or shards with an index)
+# files besides the weights that change what a full model generates: architecture, generation defaults, and the
+# tokenizer with its chat template (prompts are rendered with the model's own)
+MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+               "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model",
+               "chat_template.jinja", "chat_template.json")
 
 
 @dataclass
 class EvalMember:
-    """One thing to evaluate: an adapter directory, or the base model when ``adapter_dir`` is None."""
+    """One thing to evaluate: an adapter directory, the base model when ``adapter_dir`` is None, or a full model
+    (its own base, no adapter) when ``model_dir`` is set."""
 
     name: str
     adapter_dir: Path | None
-    role: str = "member"  # teacher / student / both (baseline agent) / member (unknown) / base
+    role: str = "member"  # teacher / student / both (baseline agent) / member (unknown) / base / stock
     rating: float | None = None  # conservative rating (mu - 3 sigma) when the run recorded one
+    model_dir: Path | None = None  # a full HF model directory generated with instead of the base model
 
 
 @dataclass
@@ -207,6 +221,53 @@ def check_adapters(members: list[EvalMember], base_model: str) -> dict[str, Any]
             raise ValueError(f"{where}: adapter {member.name!r} has {this} but {first!r} has {shared}; one engine "
                              "holds adapters of one rank, alpha and target set. Fix: evaluate them in separate runs.")
     return shared or {}
+
+
+def check_model_dir(model_dir: Path) -> None:
+    """Check that ``model_dir`` is a full HF causal-LM directory: ``config.json`` naming a model type, weights
+    (``*.safetensors`` or ``*.bin``) and tokenizer files; a PEFT adapter directory is refused."""
+    if not model_dir.is_dir():
+        raise ValueError(f"{model_dir} does not exist or is not a directory")
+    config_path = model_dir / "config.json"
+    if not config_path.is_file():
+        hint = (" (it holds adapter_config.json: a PEFT adapter, pass it as --adapter NAME=DIR)"
+                if (model_dir / "adapter_config.json").is_file() else "")
+        raise ValueError(f"{config_path} not found: not an HF model directory{hint}")
+    try:
+        config = json.loads(config_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{config_path} is not valid JSON ({exc})") from None
+    if not isinstance(config, dict) or not (config.get("model_type") or config.get("architectures")):
+        raise ValueError(f"{config_path} names no model_type or architectures: not an HF model config")
+    if not _weight_files(model_dir):
+        raise ValueError(f"{model_dir} holds no model weights (*.safetensors or *.bin): not an HF model directory")
+    if not any((model_dir / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        raise ValueError(f"{model_dir} has no tokenizer (tokenizer.json or tokenizer_config.json): save the "
+                         "tokenizer beside the model (OpenRLHF's save_model does)")
+
+
+def _weight_files(model_dir: Path) -> list[Path]:
+    return sorted(p for p in model_dir.iterdir()
+                  if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES) and not p.name.startswith(("adapter_", "training_")))
+
+
+def model_digest(model_dir: Path) -> str:
+    """SHA-256 over a full model's weights, config and tokenizer files (name and content of each):
+    detects a changed model on resume. Prefixed ``model:`` so it never equals an adapter's digest."""
+    digest = hashlib.sha256()
+    files = _weight_files(model_dir) + [model_dir / n for n in MODEL_FILES if (model_dir / n).is_file()]
+    for path in sorted(files, key=lambda p: p.name):
+        digest.update(path.name.encode() + b"\0")
+        with open(path, "rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+        digest.update(b"\0")
+    return "model:" + digest.hexdigest()
+
+
+def member_digest(member: EvalMember) -> str:
+    """What ``settings.json`` records for a member: its full model's or its adapter's digest ('base': none)."""
+    return model_digest(member.model_dir) if member.model_dir is not None else adapter_digest(member.adapter_dir)
 
 
 def adapter_digest(adapter_dir: Path | None) -> str:

@@ -4,7 +4,8 @@ Which template fits which model: a model is evaluated in the prompt format it wa
 
 - an AZR-trained policy, or adapters trained on raw prompts (``populora.chat_template: false``):
   ``azr`` (code) and ``azr_boxed`` (math), the raw R1 text it was trained on;
-- an instruct or chat base model (``--base``), or adapters trained with ``populora.chat_template: true``
+- an instruct or chat base model (``--base``), a full fine-tuned model whose tokenizer has a chat template
+  (``--model``, e.g. stock OpenRLHF's checkpoint), or adapters trained with ``populora.chat_template: true``
   (the training default): ``chat``, its own chat template;
 - a base model whose tokenizer has no chat template: ``azr`` / ``azr_boxed``.
 
@@ -16,7 +17,9 @@ Templates (``--code-template`` / ``--math-template``):
 ``auto`` (the command line's default for both)
     Resolved once per evaluation by :func:`choose_templates` (through :func:`resolve_templates`): ``chat`` for
     both kinds when the base model's tokenizer has a chat template and no evaluated run was trained on raw
-    prompts, else ``azr`` (code) and ``azr_boxed`` (math). The sources are the ``config.yaml`` of ``--run`` and
+    prompts, else ``azr`` (code) and ``azr_boxed`` (math). A full model (``--model NAME=DIR``) is its own base:
+    its tokenizer counts like the base model's (``chat`` needs every such tokenizer to have a chat template),
+    and each model is rendered with its own template. The sources are the ``config.yaml`` of ``--run`` and
     ``--baseline`` (``populora.chat_template``); a bare ``--adapter`` is unknown and does not change the choice.
     Sources trained on different formats are refused (name both templates to evaluate them together anyway).
     The resolved name, never ``auto``, is what ``settings.json`` records, so resuming into the same output
@@ -40,7 +43,7 @@ The answer is extracted the same way for every template (see ``extract``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from openrlhf_populora.eval.problems import CODE, Problem
 
@@ -107,10 +110,19 @@ def render_prompt(problem: Problem, template: str, chat_render: Callable[[str], 
     return f"{R1_SYSTEM}\nUser: {task}\nAssistant: <think>"
 
 
-def choose_templates(has_chat_template: bool, trained_with_chat: Mapping[str, bool | None]) -> tuple[dict[str, str], str]:
+def _tokenizers(models: Sequence[str]) -> tuple[str, str]:
+    """(subject, verb) naming the tokenizers of ``models`` in a sentence."""
+    if len(models) == 1:
+        return f"{models[0]}'s tokenizer", "has"
+    return f"the tokenizers of {', '.join(models[:-1])} and {models[-1]}", "have"
+
+
+def choose_templates(has_chat_template: bool, trained_with_chat: Mapping[str, bool | None],
+                     models: Sequence[str] = ("the base model",)) -> tuple[dict[str, str], str]:
     """What ``auto`` means for one evaluation: ``({"code": ..., "math": ...}, why)``.
 
-    ``has_chat_template``: whether the base model's tokenizer has one (``chat`` needs it).
+    ``has_chat_template``: whether the tokenizer of every model that renders prompts has one (``chat`` needs
+    it); ``models`` names those models in the reason (those without a chat template when there are any).
     ``trained_with_chat``: for each evaluated source of adapters (a label such as ``--run runs/4t4s``), the
     ``populora.chat_template`` its training recorded, or None when unknown (a bare ``--adapter``). An adapter
     is evaluated in the prompt format it was trained on, so one raw-trained source makes the choice ``azr``;
@@ -125,9 +137,10 @@ def choose_templates(has_chat_template: bool, trained_with_chat: Mapping[str, bo
                          "evaluate them in separate invocations, or pass --code-template and --math-template.")
     if raw:
         return dict(RAW_TEMPLATES), f"{', '.join(raw)} trained on raw R1-style prompts (populora.chat_template: false)"
+    tokenizers, verb = _tokenizers(models)
     if not has_chat_template:
-        return dict(RAW_TEMPLATES), "the base model's tokenizer has no chat template"
-    why = "the base model's tokenizer has a chat template"
+        return dict(RAW_TEMPLATES), f"{tokenizers} {verb} no chat template"
+    why = f"{tokenizers} {verb} a chat template"
     if chat:
         why += f" and {', '.join(chat)} trained with it (populora.chat_template: true)"
     if unknown:
@@ -137,20 +150,22 @@ def choose_templates(has_chat_template: bool, trained_with_chat: Mapping[str, bo
 
 
 def resolve_templates(
-    requested: Mapping[str, str], has_chat_template: bool, trained_with_chat: Mapping[str, bool | None]
+    requested: Mapping[str, str], has_chat_template: bool, trained_with_chat: Mapping[str, bool | None],
+    models: Sequence[str] = ("the base model",),
 ) -> tuple[dict[str, str], str]:
     """The templates one evaluation uses: ``requested`` (``{"code": ..., "math": ...}``, each a template or
     ``auto``) with ``auto`` resolved by :func:`choose_templates`, and a sentence saying why.
 
     Raises ``ValueError`` for an unknown name, for sources that disagree while a kind is ``auto``, and for
-    ``chat`` when the base model's tokenizer has no chat template.
+    ``chat`` when the base model's tokenizer has no chat template (``has_chat_template`` and ``models``: as for
+    :func:`choose_templates`).
     """
     for kind, name in requested.items():
         if name not in TEMPLATE_CHOICES:
             raise ValueError(f"{kind} template {name!r}: choose one of {', '.join(TEMPLATE_CHOICES)}")
     resolved, reasons = dict(requested), []
     if AUTO in requested.values():
-        chosen, why = choose_templates(has_chat_template, trained_with_chat)
+        chosen, why = choose_templates(has_chat_template, trained_with_chat, models)
         auto_kinds = [kind for kind, name in requested.items() if name == AUTO]
         resolved.update({kind: chosen[kind] for kind in auto_kinds})
         reasons.append(f"{' and '.join(auto_kinds)}: auto, because {why}")
@@ -160,8 +175,10 @@ def resolve_templates(
     if not has_chat_template:
         needs_chat = [kind for kind, name in resolved.items() if name == "chat"]
         if needs_chat:
-            raise ValueError(f"the {' and '.join(needs_chat)} template 'chat' needs the base model's chat template, "
-                             "and its tokenizer has none. Fix: pass --code-template azr --math-template azr_boxed "
+            owners = " and ".join(f"{m}'s" for m in models)
+            theirs = "its tokenizer has" if len(models) == 1 else "their tokenizers have"
+            raise ValueError(f"the {' and '.join(needs_chat)} template 'chat' needs {owners} chat template, "
+                             f"and {theirs} none. Fix: pass --code-template azr --math-template azr_boxed "
                              "(or completion).")
     return resolved, "; ".join(reasons)
 

@@ -7,14 +7,19 @@ kind was evaluated).
 
 Rows of the table (each present only when its members were evaluated):
 - ``Base model``: the base with no adapter;
-- ``Baseline``: the single-agent baseline run (mean over its members, usually one);
+- ``PopuLoRA baseline (B1)``: the single-agent PopuLoRA baseline run (mean over its members, usually one);
+- ``Stock OpenRLHF (B2): NAME``: one row per full fine-tuned model (``--model NAME=DIR``, e.g. what stock
+  OpenRLHF's ``train_ppo_ray --ckpt.save_hf`` writes), evaluated as its own base with no adapter;
 - ``Population mean``: per column, the mean over the population's members;
 - ``Population best`` / ``Population worst``: the member with the highest / lowest ``overall``;
 - then every member on its own row.
 
+Member groups (``summarize``'s ``groups``, each member's ``group`` and each row's ``group`` in
+``results.json``): ``base``, ``baseline`` (B1), ``stock`` (B2), ``population``.
+
 ``results.json`` holds all of it; ``results.md`` / ``results.csv`` the table; ``results.png`` a grouped bar
-chart like PopuLoRA's Figure 2 (per benchmark and average: baseline, population mean with a whisker from the
-worst to the best member, base model).
+chart like PopuLoRA's Figure 2 (per benchmark and average: base model, B1, each B2 model, population mean with
+a whisker from the worst to the best member).
 """
 
 from __future__ import annotations
@@ -31,7 +36,13 @@ from openrlhf_populora.eval.problems import CODE, MATH
 
 AVERAGES = ("code_avg", "math_avg", "overall")
 AVERAGE_TITLES = {"code_avg": "Code Avg", "math_avg": "Math Avg", "overall": "Overall"}
-GROUPS = ("base", "baseline", "population")
+GROUPS = ("base", "baseline", "stock", "population")
+BASE_LABEL = "Base model"
+BASELINE_LABEL = "PopuLoRA baseline (B1)"
+STOCK_LABEL = "Stock OpenRLHF (B2)"
+POPULATION_MEAN_LABEL = "Population mean"
+# row labels of results.json files written before rows carried their group
+LEGACY_GROUPS = {BASE_LABEL: "base", "Baseline": "baseline", POPULATION_MEAN_LABEL: "population"}
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -56,17 +67,23 @@ def averages(scores: Mapping[str, float]) -> dict[str, float | None]:
     return {"code_avg": code, "math_avg": math, "overall": _mean([v for v in (code, math) if v is not None])}
 
 
-def _row(label: str, scores: Mapping[str, float], members: Sequence[str]) -> dict[str, Any]:
-    return {"label": label, "members": list(members), "scores": dict(scores), **averages(scores)}
+def _row(label: str, scores: Mapping[str, float], members: Sequence[str], group: str) -> dict[str, Any]:
+    return {"label": label, "group": group, "members": list(members), "scores": dict(scores), **averages(scores)}
 
 
-def _mean_row(label: str, table: Mapping[str, dict], names: Sequence[str], benchmarks: Sequence[str]) -> dict:
+def stock_label(name: str) -> str:
+    """The table label of the full model ``--model NAME=DIR`` (the stock OpenRLHF baseline, B2)."""
+    return f"{STOCK_LABEL}: {name}"
+
+
+def _mean_row(label: str, table: Mapping[str, dict], names: Sequence[str], benchmarks: Sequence[str],
+              group: str) -> dict:
     scores = {}
     for b in benchmarks:
         values = [table[n]["scores"][b] for n in names if b in table[n]["scores"]]
         if values:
             scores[b] = sum(values) / len(values)
-    row = _row(label, scores, names)
+    row = _row(label, scores, names, group)
     # averages of a mean row: the mean of the members' averages (equal to the averages of the mean scores
     # when every member has every benchmark)
     for key in AVERAGES:
@@ -82,8 +99,8 @@ def summarize(
     totals: Mapping[str, int] | None = None,
     roles: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The content of ``results.json``. ``groups`` maps ``base`` / ``baseline`` / ``population`` to member
-    names; ``totals`` (benchmark -> problem count) marks members whose evaluation is incomplete."""
+    """The content of ``results.json``. ``groups`` maps ``base`` / ``baseline`` / ``stock`` / ``population`` to
+    member names; ``totals`` (benchmark -> problem count) marks members whose evaluation is incomplete."""
     unknown = set(groups) - set(GROUPS)
     if unknown:
         raise ValueError(f"unknown member groups {sorted(unknown)}; use {', '.join(GROUPS)}")
@@ -97,18 +114,20 @@ def summarize(
             table[name] = entry
     rows = []
     if groups.get("base"):
-        rows.append(_mean_row("Base model", table, groups["base"], benchmarks))
+        rows.append(_mean_row(BASE_LABEL, table, groups["base"], benchmarks, "base"))
     if groups.get("baseline"):
-        rows.append(_mean_row("Baseline", table, groups["baseline"], benchmarks))
+        rows.append(_mean_row(BASELINE_LABEL, table, groups["baseline"], benchmarks, "baseline"))
+    for name in groups.get("stock", ()):
+        rows.append(_row(stock_label(name), table[name]["scores"], [name], "stock"))
     population = [n for n in groups.get("population", ()) if table[n]["overall"] is not None]
     if population:
-        rows.append(_mean_row("Population mean", table, population, benchmarks))
+        rows.append(_mean_row(POPULATION_MEAN_LABEL, table, population, benchmarks, "population"))
         best = max(population, key=lambda n: table[n]["overall"])
         worst = min(population, key=lambda n: table[n]["overall"])
-        rows.append(_row(f"Population best ({best})", table[best]["scores"], [best]))
-        rows.append(_row(f"Population worst ({worst})", table[worst]["scores"], [worst]))
+        rows.append(_row(f"Population best ({best})", table[best]["scores"], [best], "population"))
+        rows.append(_row(f"Population worst ({worst})", table[worst]["scores"], [worst], "population"))
         for name in groups.get("population", ()):
-            rows.append(_row(f"{name} ({table[name]['role']})", table[name]["scores"], [name]))
+            rows.append(_row(f"{name} ({table[name]['role']})", table[name]["scores"], [name], "population"))
     return {
         "metric": "greedy pass@1 (%)",
         "benchmarks": list(benchmarks),
@@ -173,21 +192,25 @@ def csv_table(summary: Mapping[str, Any]) -> str:
 
 
 def bar_chart(summary: Mapping[str, Any], path: str | Path) -> Path:
-    """Grouped bars per benchmark and average: baseline, population mean (whisker: worst to best member per
-    column), base model. Written with matplotlib's Agg backend (no display needed)."""
+    """Grouped bars per benchmark and average: base model, PopuLoRA baseline (B1), each stock OpenRLHF model
+    (B2), population mean (whisker: worst to best member per column). Written with matplotlib's Agg backend
+    (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     cols = _columns(summary)
-    rows = {r["label"]: r for r in summary["rows"]}
     series = []
-    for label, color in (("Base model", "#bbbbbb"), ("Baseline", "#e07b39"), ("Population mean", "#3b75af")):
-        if label in rows:
-            series.append((label, color, [_cell(rows[label], k) for k, _ in cols]))
+    for group, colors in (("base", ["#bbbbbb"]), ("baseline", ["#e07b39"]),
+                          ("stock", ["#55a868", "#8172b3", "#c44e52", "#937860", "#da8bc3"]),
+                          ("population", ["#3b75af"])):
+        chosen = [r for r in summary["rows"] if _row_group(r) == group
+                  and (group != "population" or r["label"] == POPULATION_MEAN_LABEL)]
+        for i, row in enumerate(chosen):
+            series.append((row["label"], colors[i % len(colors)], [_cell(row, k) for k, _ in cols]))
     if not series:
-        raise ValueError("nothing to plot: the summary has no base, baseline or population rows")
+        raise ValueError("nothing to plot: the summary has no base, baseline, stock or population rows")
     population = [n for n, m in summary["members"].items() if m["group"] == "population"]
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(cols) + 2), 4.2))
     width = 0.8 / len(series)
@@ -195,7 +218,7 @@ def bar_chart(summary: Mapping[str, Any], path: str | Path) -> Path:
         xs = [c + (s - (len(series) - 1) / 2) * width for c in range(len(cols))]
         heights = [v if v is not None else 0.0 for v in values]
         ax.bar(xs, heights, width, label=label, color=color)
-        if label == "Population mean" and len(population) > 1:
+        if label == POPULATION_MEAN_LABEL and len(population) > 1:
             lows, highs = [], []
             for (key, _), mean in zip(cols, heights, strict=True):
                 member_values = [_cell(summary["members"][n], key)
@@ -216,6 +239,11 @@ def bar_chart(summary: Mapping[str, Any], path: str | Path) -> Path:
     fig.savefig(out, dpi=150)
     plt.close(fig)
     return out
+
+
+def _row_group(row: Mapping[str, Any]) -> str | None:
+    """The member group a table row belongs to (rows of older results.json files: from the label)."""
+    return row.get("group") or LEGACY_GROUPS.get(row["label"])
 
 
 def write_report(summary: Mapping[str, Any], out_dir: str | Path) -> dict[str, Path]:

@@ -7,8 +7,11 @@ sample; a final line cut off mid-write is dropped on reopening (that sample is s
 skips every key already present: an interrupted evaluation continues where it stopped.
 
 ``settings.json`` records what the samples depend on (prompt templates, generation length, base model, and a
-SHA-256 of every member's adapter weights). Reopening with different settings, or with a member whose
-adapter weights changed, raises instead of mixing incomparable samples.
+SHA-256 of every member's adapter weights; for a full model evaluated on its own, ``--model``, one of its
+weights, config and tokenizer files, prefixed ``model:``). Reopening with different settings, or with a member
+whose adapter or model changed, raises instead of mixing incomparable samples. Members are merged: a later
+invocation into the same directory may add members (a full model beside a run evaluated earlier, say) and
+reuses every stored sample of the members it shares.
 """
 
 from __future__ import annotations
@@ -53,8 +56,10 @@ class ResultStore:
             members = dict(old.get("members", {}))
             for name, digest in settings.get("members", {}).items():
                 if name in members and members[name] != digest:
+                    what = ("model (weights, config or tokenizer)" if str(digest).startswith("model:")
+                            or str(members[name]).startswith("model:") else "adapter weights")
                     raise ValueError(
-                        f"{self.settings_path}: the adapter weights of member {name!r} changed since its samples "
+                        f"{self.settings_path}: the {what} of member {name!r} changed since its samples "
                         f"were stored. {fix}"
                     )
                 members[name] = digest
