@@ -117,7 +117,7 @@ def test_empty_run_directory(tmp_path, capsys):
     assert result.figures == {}
     assert "training_dynamics" in result.skipped
     assert result.summary.exists() and "no metrics.jsonl" in result.summary.read_text()
-    assert report_main([str(tmp_path / "empty"), "--out", str(tmp_path / "out2"), "--quiet"]) == 1
+    assert report_main([str(tmp_path / "empty"), "--out", str(tmp_path / "out2"), "--quiet"]) == 2  # neither metrics.jsonl nor a stock run: bad input
 
 
 def test_bad_arguments(tmp_path):

@@ -5,7 +5,18 @@ and a population run. ``--synthetic`` writes two synthetic runs (baseline + popu
 ``DIR/synthetic_runs`` first and reports on them: a smoke test of the whole pipeline. ``--retention STUDY_DIR``
 draws an operator retention study (``cli/retention.py``) into ``DIR``: its grid figure, its measures and its
 table (``retention.md``, ``retention.json``; ``metrics/retention.py``), with or without run directories.
-Exit status: 0 when at least one figure was drawn, 1 when none could be, 2 on bad arguments.
+
+A RUN_DIR may also be the output of a stock OpenRLHF run (baseline B2, ``openrlhf.cli.train_ppo_ray`` with
+``--logger.tensorboard_dir``): a directory without ``metrics.jsonl`` holding TensorBoard event files
+(``events.out.tfevents.*``) directly, under ``tensorboard/<run_name>/`` or under ``<run_name>/``. Its scalars
+become per-step records (``metrics/stock_logs.py``): every tag is kept as ``stock/<tag>``, and the tags that
+mean the same as a PopuLoRA key are also shown under it: ``train/correct`` as ``train/solve_rate``,
+``train/format_ok`` as ``train/format_rate``, ``train/response_length`` as ``train/student_response_length``
+(``train/reward``, the losses and the timings are not mapped). It is labelled "stock OpenRLHF" unless
+``--labels`` says otherwise, and is left out of the figures whose keys it lacks.
+
+Exit status: 0 when at least one figure was drawn, 1 when none could be, 2 on bad arguments (including a
+RUN_DIR with neither ``metrics.jsonl`` nor TensorBoard event files).
 """
 
 from __future__ import annotations
@@ -18,7 +29,8 @@ from pathlib import Path
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m openrlhf_populora.cli.report", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run_dirs", nargs="*", type=Path, help="run directories (each holds metrics.jsonl)")
+    parser.add_argument("run_dirs", nargs="*", type=Path, help="run directories (each holds metrics.jsonl, or a stock OpenRLHF run's TensorBoard "
+                        "event files)")
     parser.add_argument("--out", type=Path, required=True, help="output directory for PNGs and summary.md")
     parser.add_argument("--smooth", type=int, default=1, help="trailing moving-average window in steps (1: raw)")
     parser.add_argument("--labels", nargs="+", default=None, help="one label per run (default: directory names)")
@@ -47,11 +59,32 @@ def report_retention(study_dir: Path, out: Path, dpi: int) -> int:
     return sum(p.suffix == ".png" for p in result.files)
 
 
+def check_run_dir(run_dir: Path) -> str | None:
+    """Why ``run_dir`` cannot be reported on (None when it can, or when it does not exist: said later)."""
+    from openrlhf_populora.metrics.keys import METRICS_FILE
+    from openrlhf_populora.metrics.stock_logs import EVENT_GLOB, find_event_dir
+
+    if not run_dir.is_dir() or (run_dir / METRICS_FILE).exists():
+        return None
+    try:
+        if find_event_dir(run_dir) is not None:
+            return None
+    except ValueError as err:
+        return str(err)
+    return (f"{run_dir}: neither {METRICS_FILE} nor TensorBoard event files ({EVENT_GLOB}, directly or under "
+            "tensorboard/<run_name>/ or <run_name>/)")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.smooth < 1:
         print("error: --smooth must be >= 1", file=sys.stderr)
         return 2
+    for run_dir in args.run_dirs:
+        why = check_run_dir(run_dir)
+        if why:
+            print(f"error: {why}", file=sys.stderr)
+            return 2
     run_dirs = list(args.run_dirs)
     if args.synthetic:
         from openrlhf_populora.metrics.synthetic import write_synthetic_run

@@ -2,7 +2,9 @@
 
 ``render_report(run_dirs, out_dir)`` draws every figure it can and records, for each one it cannot, why
 (``ReportResult.skipped``, also listed in ``summary.md``). Figures compare all runs (baseline black);
-ratings, solve-rate matrices and lineage are drawn per run.
+ratings, solve-rate matrices and lineage are drawn per run. A run directory without ``metrics.jsonl`` that
+holds TensorBoard event files is read as a stock OpenRLHF run (``metrics/stock_logs.py``): it shows in every
+figure whose keys it has (solve rate, format rate, answer length) and is left out of the others.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 from openrlhf_populora.metrics import plots
 from openrlhf_populora.metrics.keys import COMPLEXITY_AXES, complexity_key, coverage_key, train_key
 from openrlhf_populora.metrics.runs import RunData, load_run
+from openrlhf_populora.metrics.stock_logs import is_stock_run, load_stock_run
 
 COMPARISON_FIGURES: tuple[tuple[str, Callable], ...] = (
     ("training_dynamics", plots.training_dynamics),
@@ -122,8 +125,10 @@ def render_report(run_dirs: Sequence[str | Path], out_dir: str | Path, smooth: i
                   labels: Sequence[str] | None = None, progress: bool = False, dpi: int = 110) -> ReportResult:
     """Write the figures and ``summary.md`` for ``run_dirs`` into ``out_dir``.
 
-    Raises ``ValueError`` for bad arguments and ``FileNotFoundError`` for a run directory that does not
-    exist; anything wrong *inside* a run directory only costs the figures that need it.
+    Raises ``ValueError`` for bad arguments (and for a directory holding several stock TensorBoard runs) and
+    ``FileNotFoundError`` for a run directory that does not exist; anything wrong *inside* a run directory only
+    costs the figures that need it. A directory without ``metrics.jsonl`` but with TensorBoard event files is
+    read as a stock OpenRLHF run (``metrics/stock_logs.py``).
     """
     if isinstance(run_dirs, (str, Path)):
         run_dirs = [run_dirs]
@@ -142,7 +147,8 @@ def render_report(run_dirs: Sequence[str | Path], out_dir: str | Path, smooth: i
     result.out_dir.mkdir(parents=True, exist_ok=True)
     runs: list[RunData] = []
     for i, run_dir in enumerate(tqdm(run_dirs, desc="reading runs", unit="run", disable=not progress)):
-        run = load_run(run_dir, label=labels[i] if labels else None)
+        label = labels[i] if labels else None
+        run = load_stock_run(run_dir, label=label) if is_stock_run(run_dir) else load_run(run_dir, label=label)
         run.problems()  # read now, so its warnings are listed too
         runs.append(run)
     _unique_labels(runs)
