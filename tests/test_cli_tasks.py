@@ -12,6 +12,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from task_answers import answer_block
+
 from openrlhf_populora import openrlhf_reward as reward_file
 from openrlhf_populora.cli.tasks import main
 from openrlhf_populora.openrlhf_reward import reward_func
@@ -62,15 +64,6 @@ def labels_of(lines: list[dict]) -> list[Task]:
 
 def both_ways(tasks: list[Task]) -> list[Task]:
     return [replace(t, task_type=kind) for t in tasks for kind in ("code_o", "code_i")]
-
-
-def answer_block(task: Task, correct: bool) -> str:
-    """The answer block the solver prompt asks for: right, or well formed and wrong."""
-    if task.task_type == "code_o":
-        return f"```output\n{task.outputs[0] if correct else repr('not the output')}\n```"
-    if task.task_type == "code_i":
-        return f"```input\n{task.inputs[0] if correct else repr('not the input')}\n```"
-    return f"```python\n{task.program.strip() if correct else 'def f(x):' + chr(10) + '    return None'}\n```"
 
 
 def rewards_of(lines: list[dict], tasks: list[Task], *, correct: bool, think_open: bool = False) -> list[float]:

@@ -13,6 +13,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from task_answers import answer_block
 
 from openrlhf_populora import openrlhf_reward as reward_file
 from openrlhf_populora.openrlhf_reward import reward_func, score_completions
@@ -129,15 +130,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SEED_TASKS = [Task.from_dict(json.loads(line)) for line in (ROOT / "configs/seeds/basic.jsonl").read_text().splitlines()
               if line.strip()]
 SANDBOX_ENV = {"POPULORA_SANDBOX_WORKERS": "2", "POPULORA_SANDBOX_TIMEOUT_S": "5", "POPULORA_SANDBOX_MEMORY_MB": "256"}
-
-
-def answer_block(task: Task, correct: bool) -> str:
-    """The answer block the solver prompt asks for: right, or well formed and wrong."""
-    if task.task_type == "code_o":
-        return f"```output\n{task.outputs[0] if correct else repr('not the output')}\n```"
-    if task.task_type == "code_i":
-        return f"```input\n{task.inputs[0] if correct else repr('not the input')}\n```"
-    return f"```python\n{task.program.strip() if correct else 'def f(x):' + chr(10) + '    return None'}\n```"
 
 
 def seed_samples() -> list[tuple[str, str, str, float]]:

@@ -35,6 +35,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from openrlhf_populora.cli.errors import InputError, OneLineParser
 from openrlhf_populora.metrics.keys import METRICS_FILE
 
 MIN_STEPS = 3
@@ -42,18 +43,8 @@ ROLES = ("population", "baseline")
 ANY_ROLES = ("A", "B")
 
 
-class InputError(Exception):
-    """Bad input: reported as one line on stderr, exit status 2."""
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, no usage block
-        print(f"error: {message} (see --help)", file=sys.stderr)
-        sys.exit(2)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="python -m openrlhf_populora.cli.compare", description=__doc__,
+    parser = OneLineParser(prog="python -m openrlhf_populora.cli.compare", description=__doc__,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("pop_run", type=Path, help="the population run directory")
     parser.add_argument("baseline_run", type=Path, help="the baseline run directory")

@@ -61,6 +61,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from openrlhf_populora.cli.errors import InputError, OneLineParser
 from openrlhf_populora.config import Config, config_from_dict
 from openrlhf_populora.metrics.retention import (
     CHILD_FILE,
@@ -96,18 +97,8 @@ OTHER_ROLE = {"teacher": "student", "student": "teacher"}
 IDENTITY = ("run", "parents", "role", "opponent", "steps", "probe_samples")  # what a resumed study must repeat
 
 
-class InputError(Exception):
-    """Bad input: reported as one line on stderr, exit status 2."""
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, no usage block
-        print(f"error: {message} (see --help)", file=sys.stderr)
-        sys.exit(2)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="python -m openrlhf_populora.cli.retention", description=__doc__,
+    parser = OneLineParser(prog="python -m openrlhf_populora.cli.retention", description=__doc__,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", type=Path, required=True, help="the run directory (config.yaml, checkpoints/)")
     parser.add_argument("--snapshots", type=int, nargs="+", metavar="STEP", help="checkpoint steps to start from")

@@ -45,6 +45,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from openrlhf_populora.cli.errors import InputError, OneLineParser
 from openrlhf_populora.tasks import COMPACT_TEMPLATES, DEFAULT_TEMPLATES, TASK_TYPES, Task, render_raw
 from openrlhf_populora.tasks import solver_prompt as make_solver_prompt
 from openrlhf_populora.tasks.records import TRIPLET_TYPES
@@ -62,14 +63,8 @@ TRAIN_FLAGS = {
 }
 
 
-class InputError(Exception):
-    """Bad input: one line on stderr, exit status 2."""
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, no usage block
-        print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
-        sys.exit(2)
+class Parser(OneLineParser):
+    with_prog = True  # the line names the subcommand
 
 
 def reward_file_path() -> str:

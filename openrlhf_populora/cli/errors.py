@@ -1,0 +1,22 @@
+"""Bad input on the command line, as every tool here reports it: one line on stderr, exit status 2."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+class InputError(Exception):
+    """Bad input: reported as one line on stderr, exit status 2."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argparse parser whose usage errors are one line (``error: ... (see --help)``, no usage block), exit 2.
+    ``with_prog``: the line starts with the (sub)command's name, for tools with subcommands."""
+
+    with_prog = False
+
+    def error(self, message: str):
+        prefix = f"{self.prog}: " if self.with_prog else ""
+        print(f"{prefix}error: {message} (see --help)", file=sys.stderr)
+        sys.exit(2)
