@@ -10,7 +10,7 @@
 #
 # Environment (defaults in brackets); extra arguments go to train_ppo_ray and win over these:
 #   MODEL [embedded-coder]  a local HF model directory or one of this package's model names
-#     (a full fine-tune beside vLLM: the 0.5B code model needs about 32 GB of RAM; MODEL=embedded fits in 16)
+#     (a full fine-tune beside vLLM: the 0.5B code model ran out of 24 GB of RAM here; MODEL=embedded peaked at 10.5 GB)
 #   OUT [runs/stock-b2]     code_tasks.jsonl, hf/ (the trained model), checkpoints/, tensorboard/
 #   SEED_FILE [configs/seeds/basic.jsonl] or FROM_RUN (a run directory: the tasks it trained on)
 #   TASK_TYPES [code_o,code_i]  LIMIT [all]  EPISODES [1]  LR [1e-6]  MAX_NEW_TOKENS [192]
