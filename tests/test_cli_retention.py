@@ -11,12 +11,12 @@ children with ``gaussian`` (M1), ``svd_mean`` (X1) and ``copy_parent``, and retr
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from task_answers import scripted_output_answer
 
 from openrlhf_populora.cli import report, retention
 from openrlhf_populora.cli.train import local_engine_config
@@ -37,13 +37,7 @@ def policy(adapter: str, prompt: str, sample: int, rng) -> str:
             return "<think>hmm</think><answer>I do not know</answer>"
         program, arguments = PROGRAMS[choice]
         return f"<think>p</think><answer>\n```python\n{program}\n```\n```input\n{arguments}\n```\n</answer>"
-    program = re.search(r"```python\n(.*?)\n```", prompt, re.S).group(1)
-    arguments = re.search(r"```input\n(.*?)\n```", prompt, re.S).group(1)
-    scope: dict = {}
-    exec(program, scope)  # the test's own programs and the shipped seed tasks: trusted
-    right = program.endswith("x + 3") or (not program.endswith("x * 2") and sample % 2 == 0)
-    value = repr(eval(f"f({arguments})", scope)) if right else "-12345"
-    return f"<think>t</think><answer>```output\n{value}\n```</answer>"
+    return scripted_output_answer(prompt, sample)
 
 
 Scripted = scripted_engine(policy)

@@ -9,10 +9,10 @@ test is sharp) and once with a teacher and a student frozen.
 from __future__ import annotations
 
 import itertools
-import re
 
 import pytest
 import torch
+from task_answers import scripted_output_answer
 
 from openrlhf_populora.config import Config
 from openrlhf_populora.engines.local import LocalEngineConfig
@@ -34,13 +34,7 @@ def policy(adapter: str, prompt: str, sample: int, rng) -> str:
     if "## Task: write a new Python program" in prompt:
         program, arguments = PROGRAMS[next(_PROPOSALS) % len(PROGRAMS)]
         return f"<think>p</think><answer>\n```python\n{program}\n```\n```input\n{arguments}\n```\n</answer>"
-    program = re.search(r"```python\n(.*?)\n```", prompt, re.S).group(1)
-    arguments = re.search(r"```input\n(.*?)\n```", prompt, re.S).group(1)
-    scope: dict = {}
-    exec(program, scope)  # the test's own programs and the shipped seed tasks: trusted
-    right = program.endswith("x + 3") or (not program.endswith("x * 2") and sample % 2 == 0)
-    value = repr(eval(f"f({arguments})", scope)) if right else "-12345"
-    return f"<think>t</think><answer>```output\n{value}\n```</answer>"
+    return scripted_output_answer(prompt, sample)
 
 
 def make_loop(tmp_path, sandbox) -> SelfPlay:
