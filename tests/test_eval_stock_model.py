@@ -10,15 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
+from tiny_runs import write_run
 
 import openrlhf_populora.cli.evaluate as evaluate_cli
 from openrlhf_populora.cli.evaluate import main
-from openrlhf_populora.cli.train import local_engine_config
-from openrlhf_populora.config import Config
-from openrlhf_populora.engines.local import LocalEngine
 from openrlhf_populora.eval.report import report_from_results, summarize
-from openrlhf_populora.population.members import Population
 
 DATA = Path(__file__).parent / "data" / "eval"
 MAX_NEW = 12
@@ -28,23 +24,6 @@ STOCK_ROW = "Stock OpenRLHF (B2): b2"
 
 
 # ------------------------------------------------------------------------------------------------ fixtures
-
-
-def _engine(model_dir: str) -> LocalEngine:
-    config = local_engine_config(Config(), dtype="fp32", lora_target_modules=["q_proj", "v_proj"], seed=0,
-                                 model_name_or_path=model_dir, lora_rank=4, lora_alpha=8, policy_loss="native")
-    return LocalEngine(config)
-
-
-def _save_random_adapters(model_dir: str, ids: list[str], target: Path, seed: int) -> None:
-    engine = _engine(model_dir)
-    gen = torch.Generator().manual_seed(seed)
-    for member_id in ids:
-        engine.add_adapter(member_id)
-        engine.set_adapter(member_id, {k: torch.randn(v.shape, generator=gen)
-                                       for k, v in engine.get_adapter(member_id).items()})
-        engine.save_adapter(member_id, str(target / member_id))
-    engine.close()
 
 
 @pytest.fixture(scope="module")
@@ -57,22 +36,12 @@ def base_dir(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, base_dir) -> Path:
     """A population run (t0, s0) trained with the chat template: auto picks chat, as for the full models."""
-    root = tmp_path_factory.mktemp("run")
-    (root / "config.yaml").write_text(yaml.safe_dump({"actor": {"model_name_or_path": base_dir},
-                                                      "populora": {"chat_template": True}}))
-    Population.create(1, 1).save(root / "population.json")
-    _save_random_adapters(base_dir, ["t0", "s0"], root / "adapters", seed=7)
-    return root
+    return write_run(tmp_path_factory.mktemp("run"), base_dir, baseline=False, seed=7)
 
 
 @pytest.fixture(scope="module")
 def baseline_dir(tmp_path_factory, base_dir) -> Path:
-    root = tmp_path_factory.mktemp("baseline")
-    (root / "config.yaml").write_text(yaml.safe_dump({"actor": {"model_name_or_path": base_dir},
-                                                      "populora": {"chat_template": True}}))
-    Population.baseline().save(root / "population.json")
-    _save_random_adapters(base_dir, ["b0"], root / "adapters", seed=8)
-    return root
+    return write_run(tmp_path_factory.mktemp("baseline"), base_dir, baseline=True, seed=8)
 
 
 def _full_model(path: Path, shift: float, heads: int | None = None) -> Path:

@@ -186,3 +186,23 @@ def test_cpu_worker_wrap_loads_every_weight_at_the_last_one(tmp_path, monkeypatc
     assert max(abs(a - b) for a, b in zip(before, expected, strict=True)) > 1.0
     llm.collective_rpc(push)
     assert served() == pytest.approx(expected, abs=1e-4)
+
+
+def test_the_recipe_grades_the_stock_model_beside_a_population_and_its_baseline(stock_run, tmp_path):
+    """The recipe's third step: one pass@1 table with the population, the PopuLoRA baseline (B1) and the stock
+    run's saved checkpoint (B2), graded on the same problems (that the right weights are graded is
+    tests/test_eval_stock_model.py's job)."""
+    from tiny_runs import write_run
+
+    root, _, model_dir = stock_run
+    population = write_run(tmp_path / "population", str(model_dir), baseline=False, seed=7)
+    baseline = write_run(tmp_path / "baseline", str(model_dir), baseline=True, seed=8)
+    recipe(root, "evaluate", POP=str(population), B1=str(baseline), BENCHMARKS="gsm8k",
+           DATA_DIR=str(ROOT / "tests" / "data" / "eval"), EVAL_LIMIT="2")
+    results = json.loads((root / "eval" / "results.json").read_text())
+    labels = [row["label"] for row in results["rows"]]
+    for label in ("PopuLoRA baseline (B1)", "Stock OpenRLHF (B2): stock-openrlhf", "Population mean"):
+        assert label in labels, labels
+    samples = [json.loads(line) for line in (root / "eval" / "samples.jsonl").read_text().splitlines()]
+    stock = [s for s in samples if s.get("member") == "stock-openrlhf"]
+    assert len(stock) == 2, [s.get("member") for s in samples]
