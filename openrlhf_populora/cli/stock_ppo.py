@@ -48,7 +48,6 @@ export`` for the prompt dataset and ``python -m openrlhf_populora.cli.tasks rewa
 from __future__ import annotations
 
 import datetime
-import os
 import sys
 import types
 from collections.abc import Sequence
@@ -56,17 +55,15 @@ from typing import Any
 
 import torch
 
+from openrlhf_populora.engines.ray import cluster
 from openrlhf_populora.patches import openrlhf_0_11_2 as patches
 from openrlhf_populora.patches.openrlhf_0_11_2 import cpu
 
 PROG = "python -m openrlhf_populora.cli.stock_ppo"
 
-# upstream defaults that cannot run without CUDA, replaced there (a flag the user passes still wins)
-CPU_DEFAULTS: dict[str, Any] = {
-    "ds.attn_implementation": "sdpa",
-    "ds.param_dtype": "fp32",
-    "vllm.sync_backend": "gloo",
-}
+# upstream defaults that cannot run without CUDA, replaced there (a flag the user passes still wins): the plugin's
+# Ray engine's, and the weight sync on gloo (upstream: nccl, whose colocated path passes CUDA IPC handles)
+CPU_DEFAULTS: dict[str, Any] = {**cluster.CPU_DEFAULTS, "vllm.sync_backend": "gloo"}
 
 SYNC_GROUP_TIMEOUT_S = 600.0
 PPO_ACTOR = "openrlhf.trainer.ray.ppo_actor"
@@ -74,9 +71,7 @@ STATELESS_GROUP = "openrlhf.utils.distributed_util:stateless_init_process_group"
 CPU_WORKER_WRAP = "openrlhf_populora.cli.stock_ppo.CpuWorkerWrap"
 VLLM_ENGINE = "openrlhf.trainer.ray.vllm_engine"
 
-
-def _cuda() -> bool:
-    return torch.cuda.is_available()
+_cuda = cluster.cuda_available
 
 
 # --- torch.cuda.current_stream() for ppo_actor ---------------------------------------------------------------
@@ -280,40 +275,8 @@ def parse_stock_args(argv: Sequence[str]):
     return hierarchize(parser.parse_args(list(argv)))
 
 
-def init_local_ray(args) -> bool:
-    """Start a local Ray with logical GPUs when there is no CUDA and no running Ray; True when started here."""
-    import ray
-
-    from openrlhf_populora.engines.ray import cluster
-
-    if ray.is_initialized() or _cuda():
-        return False
-    for key, value in cluster.CPU_WORKER_ENV.items():
-        os.environ.setdefault(key, value)
-    gpus = cluster.logical_gpus_needed(args)
-    ray.init(num_cpus=max(4, 2 * gpus + 2), num_gpus=gpus, include_dashboard=False,
-             runtime_env={"env_vars": dict(cluster.CPU_WORKER_ENV), "worker_process_setup_hook": WORKER_SETUP_HOOK})
-    return True
-
-
-def run_upstream_main(argv: Sequence[str]) -> None:
-    """Run ``train_ppo_ray``'s ``__main__`` on ``argv``: upstream's parser parses it (with the CPU defaults where
-    there is no CUDA), then upstream validates and trains."""
-    from openrlhf_populora.cli.ray_launch import _parse_args_hook, _run_upstream_main
-
-    def parse(parser):
-        if not _cuda():
-            parser.set_defaults(**CPU_DEFAULTS)
-        return parser.parse_args(list(argv))
-
-    with _parse_args_hook(parse) as called:
-        _run_upstream_main()
-    if not called[0]:
-        raise RuntimeError("openrlhf.cli.train_ppo_ray ran without calling parse_args; nothing was launched")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    from openrlhf_populora.cli.ray_launch import _upstream_validation_failed
+    from openrlhf_populora.cli.ray_launch import _upstream_validation_failed, run_upstream
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -323,19 +286,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     cpu.install_flash_attn_shim()  # upstream's modules import flash_attn at the top; a shim where it cannot install
     args = parse_stock_args(argv)  # exits 2 on a bad flag, before Ray starts
-    started_ray = False
-    if not _cuda():
-        patches.apply(all_cpu_patches())
+    started_ray = cluster.init_ray(args, worker_setup_hook=WORKER_SETUP_HOOK)  # local, with logical GPUs, on CPU
     try:
-        started_ray = init_local_ray(args)
-        run_upstream_main(argv)
+        run_upstream(args, [] if _cuda() else all_cpu_patches())
     except AssertionError as err:
         if not _upstream_validation_failed(err):
             raise
         print(f"{PROG}: error: {err} (OpenRLHF's argument validation)", file=sys.stderr)
         return 2
     finally:
-        patches.revert()
         if started_ray:
             import ray
 

@@ -56,8 +56,9 @@ def logical_gpus_needed(args: Any) -> int:
     return actor + engines + ref
 
 
-def init_ray(args: Any) -> bool:
-    """Start Ray in CPU mode when there is no CUDA and no running Ray. Returns True when it started Ray here."""
+def init_ray(args: Any, worker_setup_hook: str = WORKER_SETUP_HOOK) -> bool:
+    """Start Ray in CPU mode when there is no CUDA and no running Ray. Returns True when it started Ray here.
+    ``worker_setup_hook``: the importable name of what every worker runs first (default: the CPU patches)."""
     import ray
 
     if ray.is_initialized() or cuda_available():
@@ -72,7 +73,7 @@ def init_ray(args: Any) -> bool:
         include_dashboard=False,
         runtime_env={
             "env_vars": dict(CPU_WORKER_ENV),
-            "worker_process_setup_hook": WORKER_SETUP_HOOK,
+            "worker_process_setup_hook": worker_setup_hook,
         },
     )
     return True
