@@ -33,6 +33,8 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -86,36 +88,16 @@ def batches(pool: list, size: int, count: int, offset: int) -> list[list]:
     return [[pool[(offset + b * size + k) % len(pool)] for k in range(size)] for b in range(count)]
 
 
-def _descendants(pid: int) -> list[int]:
-    found, todo = [], [pid]
-    while todo:
-        parent = todo.pop()
-        try:
-            tids = os.listdir(f"/proc/{parent}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                with open(f"/proc/{parent}/task/{tid}/children") as fh:
-                    kids = [int(k) for k in fh.read().split()]
-            except OSError:
-                kids = []
-            found += kids
-            todo += kids
-    return found
-
-
 def cpu_seconds() -> float:
     """CPU seconds of this process and of every live process under it (each with the children it reaped)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = sum(os.times()[:2])
-    for pid in _descendants(os.getpid()):
+    me = psutil.Process()
+    total = me.cpu_times().user + me.cpu_times().system
+    for proc in me.children(recursive=True):
         try:
-            with open(f"/proc/{pid}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-            total += sum(int(v) for v in fields[11:15]) / tick  # utime, stime, cutime, cstime
-        except (OSError, IndexError, ValueError):
-            pass
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system + times.children_user + times.children_system
     return total
 
 

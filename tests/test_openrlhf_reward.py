@@ -9,6 +9,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -146,12 +147,9 @@ def seed_samples() -> list[tuple[str, str, str, float]]:
 def _is_running(pid: int) -> bool:
     """The process exists and is not a zombie (an exited process its parent has not reaped yet)."""
     try:
-        os.kill(pid, 0)
-        with open(f"/proc/{pid}/stat") as fh:
-            state = fh.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.NoSuchProcess:
         return False
-    return state not in ("Z", "X")
 
 
 def _still_running(pids, wait_s: float = 10.0) -> list[int]:
@@ -235,42 +233,21 @@ def test_concurrent_calls_score_exactly_as_one_thread_with_one_sandbox(fresh_pro
 LOAD_AS_UPSTREAM = r'''
 import asyncio, importlib.util, json, os, sys
 
+import psutil
+
 def children(pid):
-    kids = []
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children") as fh:
-                kids += [int(k) for k in fh.read().split()]
-        except OSError:
-            pass
-    return sorted(set(kids))
+    return sorted(p.pid for p in psutil.Process(pid).children())
 
 def descendants(pid):
-    found, todo = [], [pid]
-    while todo:
-        parent = todo.pop()
-        try:
-            tids = os.listdir(f"/proc/{parent}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                with open(f"/proc/{parent}/task/{tid}/children") as fh:
-                    kids = [int(k) for k in fh.read().split()]
-            except OSError:
-                kids = []
-            found += kids
-            todo += kids
-    return sorted(set(found))
+    return sorted(p.pid for p in psutil.Process(pid).children(recursive=True))
 
 def running(pids):
     alive = []
     for pid in pids:
         try:
-            with open(f"/proc/{pid}/stat") as fh:
-                if fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
-                    alive.append(pid)
-        except OSError:
+            if psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+                alive.append(pid)
+        except psutil.NoSuchProcess:
             pass
     return alive
 
