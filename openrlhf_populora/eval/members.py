@@ -258,9 +258,7 @@ def model_digest(model_dir: Path) -> str:
     files = _weight_files(model_dir) + [model_dir / n for n in MODEL_FILES if (model_dir / n).is_file()]
     for path in sorted(files, key=lambda p: p.name):
         digest.update(path.name.encode() + b"\0")
-        with open(path, "rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(chunk)
+        _hash_file_into(digest, path)
         digest.update(b"\0")
     return "model:" + digest.hexdigest()
 
@@ -275,7 +273,12 @@ def adapter_digest(adapter_dir: Path | None) -> str:
     if adapter_dir is None:
         return BASE_MEMBER
     digest = hashlib.sha256()
-    with open(adapter_dir / "adapter_model.safetensors", "rb") as handle:
+    _hash_file_into(digest, adapter_dir / "adapter_model.safetensors")
+    return digest.hexdigest()
+
+
+def _hash_file_into(digest, path: Path) -> None:
+    """Feed ``path``'s bytes to ``digest``, 1 MiB at a time."""
+    with open(path, "rb") as handle:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
-    return digest.hexdigest()
