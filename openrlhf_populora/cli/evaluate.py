@@ -65,7 +65,7 @@ from openrlhf_populora.eval.benchmarks import (
     load_benchmark,
     parse_benchmark_names,
 )
-from openrlhf_populora.eval.evaluator import EvalSettings, run_evaluation
+from openrlhf_populora.eval.evaluator import EvalSettings, missing_samples, run_evaluation
 from openrlhf_populora.eval.generation import VLLMBackend, assign_slots, build_local_backend, vllm_available
 from openrlhf_populora.eval.members import (
     BASE_MEMBER,
@@ -323,8 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         if engine == "auto":
             engine = "vllm" if vllm_available() else "local"
         for model_dir, engine_members in engine_jobs(base_model, members):
-            pending = _pending(store, engine_members, problems)
-            if not pending:
+            if not missing_samples(store, [m.name for m in engine_members], problems):
                 total = len(engine_members) * sum(len(p) for p in problems.values())
                 print(f"[eval] {', '.join(m.name for m in engine_members)}: {total}/{total} samples already graded; "
                       "0 to go")
@@ -367,11 +366,6 @@ def engine_jobs(base_model: str | None, members: list[EvalMember]) -> list[tuple
         jobs.append((base_model, on_base))
     jobs += [(str(m.model_dir), [m]) for m in members if m.model_dir is not None]
     return jobs
-
-
-def _pending(store: ResultStore, members: list[EvalMember], problems: dict[str, list[Problem]]) -> int:
-    """How many (member, benchmark, problem) samples of ``members`` are not stored yet."""
-    return sum(not store.has(m.name, b, p.problem_id) for m in members for b, plist in problems.items() for p in plist)
 
 
 def _published_check(score: PublishedScore, records: list[dict], problems: list[Problem], base_model: str,

@@ -12,7 +12,7 @@ before the next batch starts, so an interruption loses at most one batch.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -79,6 +79,13 @@ def _open_sandbox(settings: EvalSettings):
                    memory_mb=settings.sandbox_memory_mb)
 
 
+def missing_samples(store: ResultStore, members: Iterable[str],
+                    problems: Mapping[str, Sequence[Problem]]) -> list[tuple[str, str, Problem]]:
+    """Every (member, benchmark, problem) of ``members`` not in ``store`` yet, in member, benchmark order."""
+    return [(member, bench, p) for member in members for bench, plist in problems.items() for p in plist
+            if not store.has(member, bench, p.problem_id)]
+
+
 def run_evaluation(
     backend: Any,
     slots: Mapping[str, str],
@@ -92,8 +99,7 @@ def run_evaluation(
     ``slots`` maps member name -> backend adapter slot; ``problems`` maps benchmark -> problems.
     """
     settings.validate()
-    todo = [(member, bench, p) for member in slots for bench, plist in problems.items() for p in plist
-            if not store.has(member, bench, p.problem_id)]
+    todo = missing_samples(store, slots, problems)
     total = sum(len(plist) for plist in problems.values()) * len(slots)
     log(f"[eval] {total - len(todo)}/{total} samples already graded; {len(todo)} to go")
     if not todo:
