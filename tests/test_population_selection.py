@@ -8,6 +8,7 @@ from openrlhf_populora.population import (
     CROSSOVER_NAMES,
     MUTATION_NAMES,
     EvolutionConfig,
+    Member,
     Population,
     apply_plan,
     make_ratings,
@@ -34,7 +35,7 @@ def test_plan_replaces_the_bottom_fraction_per_role_and_keeps_elites():
         assert all(population.get(p).role == action.role for p in action.parents)
         assert action.parent_adapters == tuple(population.adapter_of(p) for p in action.parents)
         assert len(action.parents) == (2 if action.operator in CROSSOVER_NAMES else 1)
-        scores = [ratings.conservative(p) for p in action.parents]
+        scores = [ratings.mu(p) for p in action.parents]
         assert scores == sorted(scores, reverse=True)  # best parent first
 
 
@@ -57,7 +58,7 @@ def test_never_removes_every_member_or_an_elite(size, fraction, elites):
     cfg = EvolutionConfig(replace_fraction=fraction, elites=elites, evolve_every=1, min_age=0)
     actions = plan_evolution(population, ratings, 1, cfg, seed=3)
     for role, members in (("teacher", population.teachers()), ("student", population.students())):
-        ranked = sorted(members, key=lambda m: -ratings.conservative(m.id))
+        ranked = sorted(members, key=lambda m: -ratings.mu(m.id))
         replaced = {a.replaced for a in actions if a.role == role}
         assert len(replaced) < len(members) or not members
         assert not replaced & {m.id for m in ranked[:elites]}
@@ -71,6 +72,88 @@ def test_min_age_protects_young_members():
     assert plan_evolution(population, ratings, 5, cfg) == []
     assert plan_evolution(population, ratings, 10, cfg) != []
     assert EvolutionConfig(evolve_every=7).effective_min_age == 7
+
+
+def _students(ratings, *members):
+    """A population of one teacher and the given students ``(id, birth_step, mu, sigma)``, rated as given."""
+    population = Population.create(1, 1)
+    population.members = [m for m in population.members if m.role == "teacher"]
+    ratings.add("t0", mu=25.0, sigma=1.0)
+    for member_id, birth, mu, sigma in members:
+        population.add(Member(member_id, "student", member_id, birth_step=birth))
+        ratings.add(member_id, mu=mu, sigma=sigma)
+    return population
+
+
+def test_a_strong_child_survives_its_first_event():
+    # The committed 40-step signature run at its step-20 event: the child s2 (born at step 10) had the higher mu,
+    # 24.47 against its parent s1's 23.60, but the larger sigma, 3.34 against 2.17. Ranked by mu - 3 sigma
+    # (14.45 against 17.09) the child was retired; ranked by mu the parent is.
+    # Catches: selection by the conservative score (the code before this test).
+    ratings = make_ratings()
+    population = _students(ratings, ("s1", 0, 23.60, 2.17), ("s2", 10, 24.47, 3.34))
+    cfg = EvolutionConfig(evolve_every=10, operators={"gaussian": 1.0})
+    (action,) = [a for a in plan_evolution(population, ratings, 20, cfg, seed=0) if a.role == "student"]
+    assert (action.replaced, action.parents) == ("s1", ("s2",))
+    # the old rule, still selectable, retires the child: the test above fails under it
+    (old,) = [a for a in plan_evolution(population, ratings, 20, EvolutionConfig(
+        evolve_every=10, operators={"gaussian": 1.0}, score="conservative"), seed=0) if a.role == "student"]
+    assert old.replaced == "s2"
+
+
+def test_a_child_that_wins_its_games_survives_its_first_event():
+    # The same through the ratings themselves: s1 and s0 play 10 steps, s0 is retired at step 10 for a child of
+    # s1 (s2: s1's mu, the prior sigma), then s1 and s2 each play one game a step against t0 for 10 steps, s2
+    # winning 6 and s1 winning 5. s2 ends with the higher mu but, having played 10 games against s1's 20, the
+    # larger sigma (2.42 against 1.80), so the lower mu - 3 sigma (20.82 against 21.11). At step 20 the parent is
+    # replaced, not the child.
+    # Catches: selection by mu - 3 sigma (the child is retired).
+    population = Population.create(1, 2)
+    ratings = make_ratings()
+    for member in population.alive():
+        ratings.add(member.id)
+    for step in range(1, 11):
+        ratings.record_matchup("t0", "s1", [1.0 if step % 2 else 0.0], step=step)  # s1: 5 wins of 10
+        ratings.record_matchup("t0", "s0", [1.0 if step % 5 == 0 else 0.0], step=step)  # s0: 2 of 10
+    cfg = EvolutionConfig(evolve_every=10, operators={"gaussian": 1.0})
+    first = [a for a in plan_evolution(population, ratings, 10, cfg, seed=0) if a.role == "student"]
+    assert [(a.replaced, a.new_id, a.parents) for a in first] == [("s0", "s2", ("s1",))]
+    apply_plan(population, ratings, first)
+    assert ratings.mu("s2") == ratings.mu("s1") and ratings.sigma("s2") == pytest.approx(25.0 / 3)
+    for step in range(11, 21):
+        ratings.record_matchup("t0", "s1", [1.0 if step % 2 else 0.0], step=step)  # 5 of 10
+        ratings.record_matchup("t0", "s2", [1.0 if step % 2 or step == 20 else 0.0], step=step)  # 6 of 10
+    assert ratings.mu("s2") > ratings.mu("s1") and ratings.conservative("s2") < ratings.conservative("s1")
+    second = [a for a in plan_evolution(population, ratings, 20, cfg, seed=0) if a.role == "student"]
+    assert [(a.replaced, a.parents) for a in second] == [("s1", ("s2",))]
+
+
+def test_a_weak_old_member_is_replaced():
+    # Three students, one replaced per event (replace_fraction 0.34, elites 1, min_age = evolve_every = 10).
+    # At step 10 the founders have played exactly min_age steps: the weakest founder goes.
+    # Catches: an age test with > instead of >= (nobody would be old enough), and a ranking turned upside down.
+    ratings = make_ratings()
+    population = _students(ratings, ("s0", 0, 20.0, 1.5), ("s1", 0, 30.0, 1.5), ("s2", 0, 26.0, 1.5))
+    cfg = EvolutionConfig(evolve_every=10, replace_fraction=0.34, operators={"gaussian": 1.0})
+    assert [a.replaced for a in plan_evolution(population, ratings, 10, cfg, seed=0) if a.role == "student"] == ["s0"]
+    # At step 20 beside them lives s3, born at step 10, with a mu above s0's and a sigma far above (mu - 3 sigma:
+    # s0 15.5, s3 13.0): the weak old member goes, not the uncertain young one.
+    # Catches also: ranking by mu - 3 sigma (s3 would be retired).
+    ratings = make_ratings()
+    population = _students(ratings, ("s0", 0, 20.0, 1.5), ("s1", 0, 30.0, 1.5), ("s3", 10, 22.0, 3.0))
+    assert [a.replaced for a in plan_evolution(population, ratings, 20, cfg, seed=0) if a.role == "student"] == ["s0"]
+
+
+def test_min_age_counts_the_steps_played_since_birth():
+    # min_age 20 with events every 10 steps: s3, born at step 10 and the weakest, has played 10 steps at the
+    # step-20 event (protected: the next weakest, s0, goes) and 20 at the step-30 event (retired).
+    # Catches: age measured from the run's start instead of the member's birth (s3 retired at step 20), and an
+    # age test with > instead of >= (s3 still protected at step 30).
+    ratings = make_ratings()
+    population = _students(ratings, ("s0", 0, 20.0, 1.5), ("s1", 0, 30.0, 1.5), ("s3", 10, 15.0, 1.5))
+    cfg = EvolutionConfig(evolve_every=10, min_age=20, replace_fraction=0.34, operators={"gaussian": 1.0})
+    assert [a.replaced for a in plan_evolution(population, ratings, 20, cfg, seed=0) if a.role == "student"] == ["s0"]
+    assert [a.replaced for a in plan_evolution(population, ratings, 30, cfg, seed=0) if a.role == "student"] == ["s3"]
 
 
 def test_single_survivor_forces_a_mutation():
@@ -92,7 +175,7 @@ def test_operator_menu_weights_and_fitness_params():
         for action in plan_evolution(population, ratings, 25, cfg, seed=seed):
             counts[action.operator] += 1
             if action.operator == "svd_fitness":
-                assert action.params["fitness"] == [ratings.conservative(p) for p in action.parents]
+                assert action.params["fitness"] == [ratings.mu(p) for p in action.parents]
                 assert action.params["temperature"] == cfg.params.svd_fitness_temperature
             else:
                 assert action.params == {"sigma": cfg.params.sv_lognormal_sigma}
@@ -165,6 +248,8 @@ def test_bad_input():
         plan_evolution(Population(), ratings, 25, EvolutionConfig())
     with pytest.raises(ValueError, match="replace_fraction"):
         EvolutionConfig(replace_fraction=1.0).validate()
+    with pytest.raises(ValueError, match="evolution.score must be one of mu, conservative"):
+        EvolutionConfig(score="sigma").validate()
     with pytest.raises(ValueError, match="weight"):
         EvolutionConfig(operators={"gaussian": -1.0}).validate()
     with pytest.raises(ValueError, match="positive weight"):

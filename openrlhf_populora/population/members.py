@@ -62,7 +62,11 @@ class Member:
         return self.role in ("student", "both")
 
     def age(self, step: int) -> int:
-        """Steps since birth."""
+        """Steps played since birth, at the end of step ``step``.
+
+        A member born at ``birth_step`` (founders: the run's start, 0; a child: the step whose evolution event
+        made it, which runs after that step's training) first plays step ``birth_step + 1``, so by the end of
+        step ``step`` it has played ``step - birth_step`` steps. Selection's ``min_age`` counts these."""
         return step - self.birth_step
 
 

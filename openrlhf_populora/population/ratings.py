@@ -14,7 +14,9 @@ A matchup with no valid problem gives no game (no information, rather than a los
 failures are punished by its reward, not its rating). Games of one step are applied in the order given.
 A member is never rated against itself (the baseline plays itself, so baseline runs keep no ratings).
 
-**Scores.** ``conservative(id) = mu - 3 sigma`` ranks members for selection. ``win_probability(a, b)`` is
+**Scores.** Selection ranks members by ``mu``, the skill estimate (``population/selection.py`` says why);
+``conservative(id) = mu - 3 sigma``, a lower bound on skill, is its alternative (``evolution.score``).
+``win_probability(a, b)`` is
 ``Phi((mu_a - mu_b) / sqrt(2 beta^2 + sigma_a^2 + sigma_b^2))`` for TrueSkill and the library's
 ``predict_win`` for OpenSkill. ``history`` keeps one ``(mu, sigma)`` entry per member and step (the last
 value of the step).
@@ -102,7 +104,12 @@ class Ratings(ABC):
         self._log(member_id, step)
 
     def add_child(self, member_id: str, parent_ids: Sequence[str], step: int = 0) -> None:
-        """Rate a child of evolution: its parents' mean mu, with the prior sigma (fresh uncertainty)."""
+        """Rate a child of evolution: its parents' mean mu, with the prior sigma.
+
+        The mean mu is the best guess of a child made from its parents' weights; the prior sigma says that guess
+        is uncertain (its weights are new), and lets the child's own games move its mu quickly, so that by its
+        first evolution event its mu reflects the child, not its parents. Selection ranks by mu by default, so
+        this uncertainty alone does not count against the child (``population/selection.py``)."""
         if not parent_ids:
             raise ValueError("add_child needs at least one parent")
         mu = sum(self.mu(p) for p in parent_ids) / len(parent_ids)
@@ -123,7 +130,7 @@ class Ratings(ABC):
         return self._get(member_id)[1]
 
     def conservative(self, member_id: str) -> float:
-        """``mu - 3 sigma``: a lower bound on skill, the score selection ranks by."""
+        """``mu - 3 sigma``: a lower bound on skill (selection's ``evolution.score conservative``)."""
         mu, sigma = self._get(member_id)
         return mu - 3.0 * sigma
 

@@ -4,20 +4,43 @@
 (teachers and students separately; the baseline never evolves), at a step ``t > 0`` with
 ``t % evolve_every == 0``:
 
-1. Rank the living members of the role by conservative rating ``mu - 3 sigma`` (best first; ties by id).
-2. **Protect** the top ``elites`` and every member younger than ``min_age`` steps.
+1. Rank the living members of the role by their **selection score** (best first; ties by id):
+   ``evolution.score``, by default ``mu``, the rating's skill estimate (see *Why mu* below);
+   ``conservative`` ranks by ``mu - 3 sigma`` instead.
+2. **Protect** the top ``elites`` and every member that has played fewer than ``min_age`` steps since its
+   birth (default ``evolve_every``). Evolution runs at the end of a step, after that step's training, so a
+   member born at step ``b`` (founders: 0; a child: the event that made it) has played steps ``b+1 .. t`` by
+   the end of step ``t``: ``t - b`` steps (``Member.age``). With the default, a child always plays one full
+   period before it can be retired.
 3. **Replace** ``n = max(1, floor(replace_fraction * N))`` members (``0`` if ``replace_fraction == 0``), the
    lowest-ranked unprotected ones, but never so many that fewer than one member (and never fewer than the
    elites) survives (:meth:`EvolutionConfig.replacements`). So a role with one member never evolves, and a
    population in which no role can evolve is a configuration error while evolution is enabled.
 4. For each replaced member, sample an operator from the weighted menu (readable names or the paper's codes,
    ``population/operators.py``). A crossover needs two distinct survivors (if there is only one, the operator
-   is re-drawn among the menu's mutations). The operator's parameters come from ``evolution.params``.
+   is re-drawn among the menu's mutations). The operator's parameters come from ``evolution.params``; a
+   fitness-aware crossover (``svd_fitness``) gets the parents' selection scores as ``fitness``.
 5. **Parents** come from the survivors by tournament: draw ``tournament_size`` survivors uniformly without
-   replacement, keep the best; a crossover's second parent is drawn the same way from the remaining
-   survivors. Parents are listed best first (``extrapolate`` and ``sv_splice`` rely on this).
+   replacement, keep the best by selection score; a crossover's second parent is drawn the same way from the
+   remaining survivors. Parents are listed best first (``extrapolate`` and ``sv_splice`` rely on this).
 6. The child takes a new id (next free id of the role) and the replaced member's adapter slot; the engine
-   writes the child's weights there and resets that slot's optimizer state.
+   writes the child's weights there and resets that slot's optimizer state. Its rating starts at its
+   parents' mean ``mu`` with the prior ``sigma`` (``Ratings.add_child``).
+
+The loop never runs an event at the run's last step (``SelfPlay._evolution_due``): a child made then would
+be exported without a single update.
+
+**Why mu.** Who to retire is a question about skill, and ``mu`` is the rating's estimate of it. ``mu - 3
+sigma`` is a lower bound instead: it ranks a member low for being *uncertain*, not for being weak. A child
+starts with the prior ``sigma`` (8.33 by default) because its weights are new and its skill unknown; after
+one period of ``k`` games its ``sigma`` is still well above that of a parent with several periods behind it,
+so under ``mu - 3 sigma`` it is retired at its first event whatever it did (in a 40-step run of this project,
+every student child was, one of them with the higher ``mu``). The large prior ``sigma`` is kept on purpose:
+it makes the child's ``mu`` follow its own games quickly, so by its first event ``mu`` reflects the child
+rather than its parent. The alternative of PBT-style inheritance (the parent's ``mu`` with a slightly
+inflated ``sigma``) would shrink the penalty, not remove it, and would leave the child's ``mu`` stuck near its
+parent's for many games. Ranking by ``mu`` can keep a lucky newcomer or retire an unlucky one, but that noise
+has no sign; the lower bound's bias always goes against the young.
 
 The randomness comes from ``random.Random(f"{seed}:{step}")``: the same inputs always give the same plan.
 """
@@ -40,6 +63,17 @@ from openrlhf_populora.population.operators import (
     operator_kind,
 )
 
+SCORES = ("mu", "conservative")  # what selection ranks by (``EvolutionConfig.score``)
+
+
+def selection_score(ratings: Any, member_id: str, score: str = "mu") -> float:
+    """A member's selection score: its rating's ``mu`` (default) or ``mu - 3 sigma`` (``conservative``)."""
+    if score == "mu":
+        return ratings.mu(member_id)
+    if score == "conservative":
+        return ratings.conservative(member_id)
+    raise ValueError(f"unknown selection score {score!r}; choose from {', '.join(SCORES)}")
+
 
 def default_operator_menu() -> dict[str, float]:
     """Default sampling weights over M1-M6 and X1-X9: mostly exact crossovers and gentle mutations. The controls
@@ -58,12 +92,16 @@ class EvolutionConfig:
     evolve_every: int = 25  # k: evolve at steps k, 2k, ...
     replace_fraction: float = 0.25  # bottom fraction of each role replaced per event
     elites: int = 1  # top members per role that are never replaced
-    min_age: int | None = None  # steps a member must live before it can be replaced; None: evolve_every
+    min_age: int | None = None  # steps a member must play after its birth before it can be replaced; None: evolve_every
     tournament_size: int = 2  # parent selection pressure (1 = uniform among survivors)
     operators: dict = field(default_factory=default_operator_menu, metadata={
         "help": "operator -> sampling weight, as YAML, by readable name or the paper's code (M1-M6, X1-X9), "
                 "controls copy_parent and linear_0_5 included"})
     params: OperatorParams = field(default_factory=OperatorParams)
+    score: str = field(default="mu", metadata={
+        "choices": SCORES,
+        "help": "what selection ranks members by: mu (the rating's skill estimate; default) or conservative "
+                "(mu - 3 sigma, which ranks a newborn child low for its prior uncertainty alone)"})
 
     def validate(self) -> None:
         if self.evolve_every <= 0:
@@ -72,6 +110,8 @@ class EvolutionConfig:
             raise ValueError(f"evolution.replace_fraction must be in [0, 1), got {self.replace_fraction}")
         if self.elites < 0 or self.tournament_size < 1:
             raise ValueError("evolution.elites must be >= 0 and evolution.tournament_size >= 1")
+        if self.score not in SCORES:
+            raise ValueError(f"evolution.score must be one of {', '.join(SCORES)}, got {self.score!r}")
         if self.min_age is not None and self.min_age < 0:
             raise ValueError(f"evolution.min_age must be >= 0, got {self.min_age}")
         self.params.validate()
@@ -162,7 +202,7 @@ def plan_evolution(population: Population, ratings: Any, step: int, cfg: Evoluti
 
     for role in ("teacher", "student"):
         group = [m for m in population.alive() if m.role == role]
-        score = {m.id: ratings.conservative(m.id) for m in group}
+        score = {m.id: selection_score(ratings, m.id, cfg.score) for m in group}
         ranked = sorted(group, key=lambda m: (-score[m.id], m.id))
         eligible = [m for m in ranked[cfg.elites:] if m.age(step) >= cfg.effective_min_age]
         victims = eligible[::-1][:cfg.replacements(len(group))]
