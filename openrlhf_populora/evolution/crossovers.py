@@ -12,7 +12,7 @@ given first (``population/operators.py``); parameter defaults are the fields of 
   mathematically wrong (``B A`` gains the cross terms ``B_i A_j``); kept as the paper's control.
 - X1 ``svd_mean`` (exact): ``D = sum w_i D_i``.
 - X2 ``svd_fitness(temperature, fitness=None)`` (exact): ``svd_mean`` with ``w = softmax(fitness / T)``
-  (``fitness`` are the parents' conservative ratings; without it, the given or equal weights).
+  (``fitness`` are the parents' selection scores, their rating's mu by default; without it, the given or equal weights).
 - X3 ``layer_swap``: each transformer layer's modules (their A and B together) are copied from one parent,
   drawn with probabilities ``w``. No re-factoring.
 - X4 ``ties(density)`` (exact re-factoring): TIES-merging on the cores: keep each ``C_i``'s top ``density``

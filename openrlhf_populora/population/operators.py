@@ -56,7 +56,7 @@ OPERATOR_CODES: dict[str, str] = {
 }
 _BY_CODE = {code: name for name, code in OPERATOR_CODES.items()}
 
-# crossovers that use the parents' fitness (their conservative ratings, best parent first)
+# crossovers that use the parents' fitness (their selection scores, evolution.score: mu by default; best parent first)
 FITNESS_AWARE: frozenset[str] = frozenset({"svd_fitness"})
 
 # crossovers defined for exactly two parents; the others take any number >= 2
