@@ -84,7 +84,7 @@ def _config(run_dir: Path, **populora) -> Config:
     p.num_teachers, p.num_students, p.total_steps = 2, 2, 2
     p.proposals_per_teacher, p.solver_tasks, p.solver_samples, p.references = 3, 2, 2, 1
     p.seed_tasks, p.seed_max_rounds = 3, 2
-    p.evolution.evolve_every = 2
+    p.evolution.evolve_every = 1  # an event after step 1; none after step 2, the last
     p.evolution.replace_fraction = 0.5
     p.report = False
     for key, value in populora.items():
@@ -164,11 +164,12 @@ def test_population_run_end_to_end(tmp_path, monkeypatch):
     assert first["coverage/overall"] > 0 and first["complexity/ast_nodes"] > 0
     assert first["train/grad_norm"] > 0  # adapters really trained
 
-    # ratings moved away from the prior, and evolution at step k=2 replaced members with children
+    # ratings moved away from the prior, and evolution at step k=1 replaced members with children; the last step
+    # (2) made none: they would never have trained
     population = json.loads((run_dir / "population.json").read_text())["members"]
     children = [m for m in population if m["operator"] != "init"]
-    assert children and all(m["birth_step"] == 2 and m["parents"] for m in children)
-    retired = [m for m in population if m["retired_step"] == 2]
+    assert children and all(m["birth_step"] == 1 and m["parents"] for m in children)
+    retired = [m for m in population if m["retired_step"] == 1]
     assert len(retired) == len(children)
     mus = [v for k, v in records[-1].items() if k.startswith("rating/") and k.endswith("/mu")]
     assert any(abs(mu - 25.0) > 1e-6 for mu in mus)
@@ -202,24 +203,26 @@ def test_baseline_run_end_to_end(tmp_path):
 
 
 def test_resume_reproduces_an_uninterrupted_run(tmp_path):
-    def config_for(run_dir, steps):  # evolution every step: the second leg retires members the first exported
+    def config_for(run_dir, steps):  # an event at step 3: the second leg retires members the first exported
         config = _config(run_dir, total_steps=steps)
-        config.populora.evolution.evolve_every = 1
+        config.populora.evolution.evolve_every = 3
         return config
 
+    # the first leg ends at step 2, where no event is due: a run's last step never evolves, so a leg ending at
+    # an evolution step would skip the event that the uninterrupted run makes there
     straight = tmp_path / "straight"
-    config = config_for(straight, 3)
+    config = config_for(straight, 4)
     assert run(config, _build, progress=False) == 0
 
     resumed = tmp_path / "resumed"
     first_leg = config_for(resumed, 2)
     assert run(first_leg, _build, progress=False) == 0
-    second_leg = config_for(resumed, 3)
+    second_leg = config_for(resumed, 4)
     second_leg.ckpt.load_enable = True
     assert run(second_leg, _build, progress=False) == 0
 
     a, b = _records(straight), _records(resumed)
-    assert [r["step"] for r in b] == [1, 2, 3]
+    assert [r["step"] for r in b] == [1, 2, 3, 4]
     for x, y in zip(a, b, strict=True):
         assert _comparable(x) == pytest.approx(_comparable(y), rel=1e-6, abs=1e-9)
     # the run directory holds the living members' adapters only, also after a resume (a member retired in the

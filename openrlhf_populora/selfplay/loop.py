@@ -404,7 +404,8 @@ class SelfPlay:
         return games
 
     def _evolution_due(self, t: int) -> bool:
-        return not self.baseline and should_evolve(t, self.p.evolution)
+        # never at the last step: a child made there would be exported without a single update
+        return not self.baseline and t < self.p.total_steps and should_evolve(t, self.p.evolution)
 
     def _evolve(self, t: int) -> list[dict[str, Any]]:
         from openrlhf_populora.evolution import apply_action
