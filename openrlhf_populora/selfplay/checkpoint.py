@@ -1,8 +1,11 @@
-"""Atomic checkpoints: a crash while saving never corrupts the last good checkpoint.
+"""Durable, atomic checkpoints: a crash or a power loss while saving never loses the last good checkpoint.
 
 A checkpoint is a directory ``step_000012/`` under the checkpoint root. It is written in full under a
-temporary name, marked complete, then renamed into place (``os.replace`` is atomic on one filesystem);
-the ``latest`` pointer is replaced the same way. Readers only ever see complete checkpoints.
+temporary name, marked complete, and every file and directory in it is fsynced; only then is it renamed into
+place (``os.replace`` is atomic on one filesystem) and the root fsynced, so the rename cannot reach the disk
+before the data it names. The ``latest`` pointer is replaced the same way. Older checkpoints are pruned only
+after all of that, so the previous one is kept until the new one is durable. Readers only ever see complete
+checkpoints.
 """
 
 from __future__ import annotations
@@ -19,8 +22,38 @@ def _name(step: int) -> str:
     return f"step_{step:06d}"
 
 
-def save_checkpoint(root: str | Path, step: int, write: Callable[[Path], None], max_num: int = 3) -> Path:
-    """Call ``write(directory)`` to fill a new checkpoint for ``step``; publish it atomically."""
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make the directory's entries (creations, renames) durable."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(directory: Path) -> None:
+    """fsync every file under ``directory``, then every directory in it, deepest first."""
+    for dirpath, _dirnames, filenames in os.walk(directory, topdown=False):
+        for name in filenames:
+            path = Path(dirpath) / name
+            if not path.is_symlink():
+                _fsync_file(path)
+        _fsync_dir(Path(dirpath))
+
+
+def save_checkpoint(root: str | Path, step: int, write: Callable[[Path], None], max_num: int = 3,
+                    keep_every: int = 0) -> Path:
+    """Call ``write(directory)`` to fill a new checkpoint for ``step``; publish it atomically and durably, then
+    prune all but the ``max_num`` newest (and, with ``keep_every`` > 0, every checkpoint of a step that is a
+    multiple of it)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".{_name(step)}.partial"
@@ -28,29 +61,40 @@ def save_checkpoint(root: str | Path, step: int, write: Callable[[Path], None], 
     tmp.mkdir()
     write(tmp)
     (tmp / _MARK).write_text(str(step))
+    _fsync_tree(tmp)  # every byte of the new checkpoint is on disk before anything names it
     final = root / _name(step)
-    if final.exists():  # re-saving a step (e.g. after a resume): move the old one aside first
-        stale = root / f".{_name(step)}.stale"
+    stale = root / f".{_name(step)}.stale"
+    if final.exists():  # re-saving a step: move the old one aside first (latest_checkpoint still finds it there)
         shutil.rmtree(stale, ignore_errors=True)
         os.replace(final, stale)
-        os.replace(tmp, final)
-        shutil.rmtree(stale, ignore_errors=True)
-    else:
-        os.replace(tmp, final)
+    os.replace(tmp, final)
+    _fsync_dir(root)
     pointer = root / ".latest.partial"
     pointer.write_text(final.name)
+    _fsync_file(pointer)
     os.replace(pointer, root / "latest")
-    _prune(root, keep=max(1, max_num))
+    _fsync_dir(root)
+    # the new checkpoint is durable: only now may older ones go
+    shutil.rmtree(stale, ignore_errors=True)
+    _prune(root, keep=max(1, max_num), keep_every=keep_every)
     return final
 
 
+def _is_complete(path: Path) -> bool:
+    return (path / _MARK).is_file()
+
+
 def _complete(root: Path) -> list[Path]:
-    return sorted(p for p in root.glob("step_*") if (p / _MARK).is_file())
+    return sorted(p for p in root.glob("step_*") if _is_complete(p))
 
 
-def _prune(root: Path, keep: int) -> None:
+def _prune(root: Path, keep: int, keep_every: int = 0) -> None:
     for old in _complete(root)[:-keep]:
+        if keep_every > 0 and checkpoint_step(old) % keep_every == 0:
+            continue
         shutil.rmtree(old, ignore_errors=True)
+    for leftover in [*root.glob(".step_*.partial"), *root.glob(".step_*.stale")]:  # from a crash in a save
+        shutil.rmtree(leftover, ignore_errors=True)
 
 
 def latest_checkpoint(root: str | Path) -> Path | None:
@@ -61,10 +105,12 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     pointer = root / "latest"
     if pointer.is_file():
         candidate = root / pointer.read_text().strip()
-        if (candidate / _MARK).is_file():
+        if _is_complete(candidate):
             return candidate
-    complete = _complete(root)
-    return complete[-1] if complete else None
+    # no pointer, or it names a checkpoint a crash left unpublished: the newest complete one, counting one a
+    # re-save of its step had moved aside
+    complete = _complete(root) + [p for p in root.glob(".step_*.stale") if _is_complete(p)]
+    return max(complete, key=checkpoint_step) if complete else None
 
 
 def checkpoint_step(path: str | Path) -> int:
