@@ -6,11 +6,15 @@
 #                  by the job's driver, so the repository must be where the job runs: this node or shared storage)
 #   CONFIG_DIR     where the YAML presets live                  (default: the repository's configs/)
 #   MODEL          HF id or local path                          (default Qwen/Qwen2.5-Coder-7B-Instruct)
-#   RUN_DIR        run directory: metrics, adapters, checkpoints (default ./runs/populora-<PRESET>)
+#   RUN_DIR        run directory: metrics, adapters, checkpoints (default ./runs/populora-<PRESET>); a relative
+#                  path is made absolute here, against the directory you submit from (Ray's workers on each node
+#                  run in their own directories)
 #   GPUS_PER_NODE  GPUs per node                                (default 8)
 #   VLLM_TP        vLLM tensor parallel size                    (default 1; engines = GPUs / VLLM_TP, colocated)
 #   RAY_ADDRESS    Ray dashboard address                        (default http://127.0.0.1:8265)
-#   RUNTIME_ENV    --runtime-env-json for the job               (default: tokenizer threads off)
+#   RUNTIME_ENV    --runtime-env-json for the job               (default: tokenizer threads off; env vars and keys
+#                  set here win over the launcher's own, which leaves them out of its ray.init: Ray refuses a
+#                  key set on both sides)
 #   DRY_RUN=1      print the command instead of submitting it (tests/test_launch_scripts.py uses this)
 
 POPULORA_LAUNCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -18,6 +22,7 @@ PRESET=${PRESET:-4t4s}
 CONFIG_DIR=${CONFIG_DIR:-$(cd "$POPULORA_LAUNCH_DIR/../configs" && pwd)}
 MODEL=${MODEL:-Qwen/Qwen2.5-Coder-7B-Instruct}
 RUN_DIR=${RUN_DIR:-./runs/populora-$PRESET}
+[[ $RUN_DIR == /* ]] || RUN_DIR=$PWD/${RUN_DIR#./}
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}
 VLLM_TP=${VLLM_TP:-1}
 RAY_ADDRESS=${RAY_ADDRESS:-http://127.0.0.1:8265}

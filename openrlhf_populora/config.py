@@ -171,6 +171,11 @@ class PopuLoRAConfig:
         "default", "compact", help="prompt templates: AZR-length, or compact ones for small models and CPU runs"))
     chat_template: bool = field(default=True, metadata={"help": "render prompts with the tokenizer's chat template"})
     device: str = field(default="cpu", metadata=_choices("cpu", "cuda"))
+    cluster_device: str = field(default="auto", metadata=_choices(
+        "auto", "cpu", "cuda", help="Ray engine: what the cluster's GPU workers are. auto: joining a running cluster "
+        "(RAY_ADDRESS, or ray start on this machine), a one-GPU task asks a worker whether it sees CUDA (logical "
+        "GPUs on CPU machines do not); with no cluster, this machine's CUDA decides. cpu: logical GPUs, run with "
+        "the CPU defaults (fp32, sdpa) and patches"))
     num_threads: int = field(default=0, metadata={"help": "torch threads (0: 1 on CPU, see cpu-stack notes)"})
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)

@@ -157,3 +157,66 @@ def test_stock_openrlhf_commands_parse_with_upstream_alone(monkeypatch):
         assert getattr(flat, "algo.advantage.estimator") in ("reinforce", "reinforce_baseline")
         assert getattr(flat, "actor.num_gpus_per_node") == getattr(flat, "vllm.num_engines")
         upstream_validation_accepts(flat, monkeypatch)
+
+
+def test_a_relative_run_dir_is_made_absolute_where_the_script_runs(tmp_path):
+    """Ray's workers on each node run in their own directory: a relative RUN_DIR (the default) would put the
+    run's files, each rank's checkpoint shards and the controller's run directory in different places."""
+    tokens = dry_run("ray_job_multinode.sh", PRESET="4t4s", RUN_DIR="runs/x")
+    args = launch.parse_launch_args(plugin_argv(tokens))
+    assert args.ckpt.output_dir == str(ROOT / "runs" / "x")  # dry_run runs the script from the repository root
+    assert args.ckpt.path == str(ROOT / "runs" / "x" / "checkpoints")
+    assert args.logger.tensorboard_dir == str(ROOT / "runs" / "x" / "tensorboard")
+    default = subprocess.run(["bash", str(LAUNCH / "ray_job_1node.sh")], cwd=tmp_path, capture_output=True,
+                             text=True, env={**os.environ, "DRY_RUN": "1", "PRESET": "1t1s"}, timeout=30, check=True)
+    assert f"{tmp_path}/runs/populora-1t1s" in default.stdout.splitlines()
+    # and the launcher resolves whatever path it is given in the driver's directory
+    direct = launch.parse_launch_args(["--actor.model_name_or_path", "/m", "--vllm.num_engines", "1",
+                                       "--ds.lora.rank", "8", "--ckpt.output_dir", "rel/run"])
+    assert direct.ckpt.output_dir == os.path.abspath("rel/run") and os.path.isabs(direct.ckpt.path)
+
+
+@pytest.mark.parametrize(("flags", "says"), [
+    (["--vllm.enable_sleep", "--train.colocate_all"], "--vllm.enable_sleep is not supported"),
+    (["--ds.enable_sleep"], "--ds.enable_sleep is not supported"),
+    (["--algo.advantage.is_correction_level", "token"], "--algo.advantage.is_correction_level is not supported"),
+    (["--ds.tensor_parallel_size", "2"], "--ds.tensor_parallel_size > 1"),
+    (["--ds.zero_stage", "3", "--ds.adam_offload"], "--ds.adam_offload is not supported with --ds.zero_stage 3"),
+    (["--ckpt.save_hf"], "--ckpt.save_hf is not read"),
+])
+def test_flags_the_engine_cannot_run_are_refused_at_launch_saying_why(flags, says, capsys):
+    """Each was accepted and then hung or crashed mid-run (sleep modes: engines never woken, fp32 fragments
+    dropped; IS correction: no rollout log-probs; AutoTP: ranks taken for data-parallel ones; ZeRO-3 with Adam
+    offload: refused only inside the first update) or did nothing (--ckpt.save_hf)."""
+    base = ["--actor.model_name_or_path", "/m", "--vllm.num_engines", "1", "--ds.lora.rank", "8"]
+    with pytest.raises(SystemExit) as exit_:
+        launch.parse_launch_args(base + flags)
+    assert exit_.value.code == 2 and says in capsys.readouterr().err
+    launch.parse_launch_args(base + ["--ds.zero_stage", "2", "--ds.adam_offload"])  # ZeRO-2 offload is fine
+
+
+def test_the_launchers_ray_init_merges_with_the_jobs_runtime_env():
+    """Inside ``ray job submit`` Ray merges the job's runtime env with the driver's ``ray.init`` one and refuses a
+    key set on both sides (the first real launch failed so: upstream's train() asks for TOKENIZERS_PARALLELISM,
+    which lib.sh's default RUNTIME_ENV sets). The launcher leaves the job's keys out of its own."""
+    import json
+
+    from ray.runtime_env.runtime_env import _merge_runtime_env
+
+    from openrlhf_populora.engines.ray import cluster
+
+    tokens = dry_run("ray_job_1node.sh", PRESET="1t1s")
+    job = json.loads(next(t for t in tokens if t.startswith("--runtime-env-json=")).split("=", 1)[1])
+    assert "TOKENIZERS_PARALLELISM" in job["env_vars"]  # the default a user gets
+    upstream = {"env_vars": dict(cluster.UPSTREAM_ENV_DEFAULTS)}
+    assert _merge_runtime_env(job, upstream) is None  # what upstream's own ray.init would hit
+    for env_vars, extra in [(cluster.UPSTREAM_ENV_DEFAULTS, None),
+                            ({**cluster.UPSTREAM_ENV_DEFAULTS, **cluster.CPU_WORKER_ENV},
+                             {"worker_process_setup_hook": cluster.WORKER_SETUP_HOOK})]:
+        ours = cluster.driver_runtime_env(dict(env_vars), extra, job=job)
+        merged = _merge_runtime_env(job, ours)
+        assert merged is not None
+        assert merged["env_vars"]["TOKENIZERS_PARALLELISM"] == job["env_vars"]["TOKENIZERS_PARALLELISM"]
+    hooked = {"worker_process_setup_hook": "user.hook", "env_vars": {}}
+    assert _merge_runtime_env(hooked, cluster.driver_runtime_env({}, {"worker_process_setup_hook": "x"},
+                                                                 job=hooked)) is not None

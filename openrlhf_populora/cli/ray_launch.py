@@ -218,6 +218,8 @@ NOT_READ: dict[str, str] = {
     "reward.model_name_or_path": "nothing: rewards come from the sandboxed verifier",
     "reward.remote_url": "nothing: rewards come from the sandboxed verifier",
     "train.partial_rollout_enable": "nothing: generation and training run in lockstep",
+    "ckpt.save_hf": "nothing: every member's adapter is written in PEFT format to <ckpt.output_dir>/adapters/ "
+                    "at every checkpoint and at the end (PeftModel.from_pretrained, vLLM --lora-modules)",
 }
 
 
@@ -243,6 +245,24 @@ def _refusals(flat: argparse.Namespace, defaults: Mapping[str, Any]) -> list[str
         reasons.append("--ds.lora.rank must be > 0: every population member is a LoRA adapter (e.g. 16)")
     if get("train.agent_func_path"):
         reasons.append("--train.agent_func_path is not supported: the plugin writes its own prompts and rewards")
+    # accepted by upstream, then broken in the plugin's engine: refused here rather than crashing mid-run
+    if get("vllm.enable_sleep"):
+        reasons.append("--vllm.enable_sleep is not supported: upstream puts every engine to sleep after creating "
+                       "it and only its own generator and weight broadcast wake them; the plugin replaces both, so "
+                       "generation would wait forever (and a LoRA upload would write into offloaded memory)")
+    if get("ds.enable_sleep"):
+        reasons.append("--ds.enable_sleep is not supported: DeepSpeed's offload_states drops the fp32 master "
+                       "fragments the adapter uploads read under ZeRO-1/2 (the first upload fails)")
+    if get("algo.advantage.is_correction_level") != "off":
+        reasons.append("--algo.advantage.is_correction_level is not supported: the plugin's experiences carry no "
+                       "vLLM rollout log-probs for the importance-sampling correction (leave it off)")
+    if get("ds.tensor_parallel_size") > 1:
+        reasons.append("--ds.tensor_parallel_size > 1 (DeepSpeed AutoTP) is not supported: the adapters' "
+                       "data-parallel dealing and gathers assume every rank is a data-parallel rank")
+    if get("ds.zero_stage") == 3 and get("ds.adam_offload"):
+        reasons.append("--ds.adam_offload is not supported with --ds.zero_stage 3: the per-adapter optimizer "
+                       "windows read and restore the optimizer's partitions on the device (use ZeRO-2 with "
+                       "--ds.adam_offload, or ZeRO-3 without it)")
     return reasons
 
 
@@ -378,19 +398,32 @@ def _preset_defaults(argv: Sequence[str], cuda: bool) -> tuple[dict[str, Any], l
     return defaults, sorted(unused)
 
 
-def parse_launch_args(argv: Sequence[str]) -> SimpleNamespace:
+def requested_cluster_device(argv: Sequence[str]) -> str:
+    """``--populora.cluster_device`` as given on the command line (``auto`` when absent)."""
+    probe = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    probe.add_argument("--populora.cluster_device", dest="device", default="auto")
+    return probe.parse_known_args(list(argv))[0].device
+
+
+def parse_launch_args(argv: Sequence[str], cpu: bool | None = None) -> SimpleNamespace:
     """Parse a Ray-engine command line into upstream's hierarchized namespace with ``args.populora`` attached.
 
     Runs argparse (upstream's flags and types, the plugin's defaults, the ``--populora.*`` group and its preset),
     the PopuLoRA validation and the plugin's refusals. Errors exit with status 2 and a message, like argparse.
-    Upstream's own validation runs later, inside :func:`main`.
+    Upstream's own validation runs later, inside :func:`main`. ``cpu``: whether the GPU workers are CPUs (the
+    CPU defaults apply); None: judged from ``--populora.cluster_device`` and this process
+    (:func:`cluster.planned_cpu`); :func:`main` parses again with the answer of the cluster it joins.
+    Paths (``ckpt.output_dir``, ``ckpt.path``, ``logger.tensorboard_dir``) come back absolute, resolved in
+    this process's working directory: Ray's workers on other nodes run in other directories.
     """
     from openrlhf.utils.config import hierarchize
 
     from openrlhf_populora.engines.ray import cluster
 
     parser = build_parser()
-    cuda = cluster.cuda_available()
+    if cpu is None:
+        cpu = cluster.planned_cpu(requested_cluster_device(argv))
+    cuda = not cpu
     if not cuda:
         parser.set_defaults(**cluster.CPU_DEFAULTS)
     try:
@@ -429,8 +462,10 @@ def parse_launch_args(argv: Sequence[str]) -> SimpleNamespace:
 
     if is_builtin_model(args.actor.model_name_or_path):  # "embedded", "tiny": this package's models, on disk
         args.actor.model_name_or_path = resolve_model(args.actor.model_name_or_path, for_vllm=True)
-    if not args.ckpt.path:
-        args.ckpt.path = os.path.join(args.ckpt.output_dir, "checkpoints")
+    args.ckpt.output_dir = os.path.abspath(args.ckpt.output_dir)
+    args.ckpt.path = os.path.abspath(args.ckpt.path or os.path.join(args.ckpt.output_dir, "checkpoints"))
+    if args.logger.tensorboard_dir:
+        args.logger.tensorboard_dir = os.path.abspath(args.logger.tensorboard_dir)
     if args.ds.lora.target_modules == ["all-linear"]:
         # upstream's default is the string "all-linear", which peft expands to every linear layer; passed as a
         # flag it arrives as the list ["all-linear"], which peft takes as a module name and fails on
@@ -443,16 +478,14 @@ def parse_launch_args(argv: Sequence[str]) -> SimpleNamespace:
 # the launch
 
 
-def _prepare(args: SimpleNamespace) -> tuple[list[patches.Patch], bool]:
-    """Everything between parsing and upstream's ``train()``: vLLM's LoRA slots (one per adapter, ranks up to
-    ``--ds.lora.rank``), Ray in CPU mode when there is no CUDA and no running Ray (on a cluster upstream's
-    ``train()`` connects as usual), and the class swaps with the configured rollout actor."""
-    from openrlhf_populora.engines.ray import cluster, vllm_rollout
+def _prepare(args: SimpleNamespace) -> list[patches.Patch]:
+    """The class swaps, with the rollout actor configured for vLLM's LoRA slots (one per adapter, ranks up to
+    ``--ds.lora.rank``)."""
+    from openrlhf_populora.engines.ray import vllm_rollout
 
     rollout_actor = vllm_rollout.configure_multilora(max_loras=len(args.populora.adapter_names),
                                                      max_lora_rank=args.ds.lora.rank)
-    started_ray = cluster.init_ray(args)
-    return plugin_patches({"openrlhf.trainer.ray.vllm_engine:RolloutRayActor": rollout_actor}), started_ray
+    return plugin_patches({"openrlhf.trainer.ray.vllm_engine:RolloutRayActor": rollout_actor})
 
 
 def _upstream_validation_failed(err: AssertionError) -> bool:
@@ -488,7 +521,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except patches.UpstreamVersionError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    args = parse_launch_args(argv)
+    args = parse_launch_args(argv)  # bad flags exit 2 here, before Ray
+    from openrlhf_populora.engines.ray import cluster
     from openrlhf_populora.selfplay.runner import RunDirError, check_run_dir
 
     try:  # an existing run is refused before Ray and the models start
@@ -496,7 +530,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RunDirError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
-    swaps, started_ray = _prepare(args)
+    # join the running cluster (and ask it whether its GPU workers are CPUs), or start a local CPU Ray, or leave
+    # Ray to upstream's train()
+    ray_launch = cluster.connect(args, requested=args.populora.cluster_device)
+    started_ray = ray_launch.initialized
+    if ray_launch.cpu != cluster.planned_cpu(args.populora.cluster_device):
+        args = parse_launch_args(argv, cpu=ray_launch.cpu)  # the defaults of what the workers really are
+    print(f"[populora] Ray: {ray_launch.address or 'local'}, GPU workers on "
+          f"{'CPU (logical GPUs)' if ray_launch.cpu else 'CUDA'}", file=sys.stderr)
+    swaps = _prepare(args)
     try:
         run_upstream(args, swaps)
     except AssertionError as err:

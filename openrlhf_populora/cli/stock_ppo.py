@@ -261,16 +261,17 @@ WORKER_SETUP_HOOK = "openrlhf_populora.cli.stock_ppo.setup_stock_cpu_worker"
 # --- the launch ---------------------------------------------------------------------------------------------
 
 
-def parse_stock_args(argv: Sequence[str]):
-    """``argv`` parsed by upstream's own parser (with :data:`CPU_DEFAULTS` as defaults where there is no CUDA),
-    hierarchized as upstream does. Exits 2 on a flag upstream does not know."""
+def parse_stock_args(argv: Sequence[str], cpu: bool | None = None):
+    """``argv`` parsed by upstream's own parser (with :data:`CPU_DEFAULTS` as defaults when the GPU workers are
+    CPUs: ``cpu``, or, when None, no CUDA in this process), hierarchized as upstream does. Exits 2 on a flag
+    upstream does not know."""
     from openrlhf.utils.config import hierarchize
 
     from openrlhf_populora.cli.ray_launch import upstream_parser
 
     parser = upstream_parser()
     parser.prog = PROG
-    if not _cuda():
+    if (not _cuda()) if cpu is None else cpu:
         parser.set_defaults(**CPU_DEFAULTS)
     return hierarchize(parser.parse_args(list(argv)))
 
@@ -286,9 +287,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     cpu.install_flash_attn_shim()  # upstream's modules import flash_attn at the top; a shim where it cannot install
     args = parse_stock_args(argv)  # exits 2 on a bad flag, before Ray starts
-    started_ray = cluster.init_ray(args, worker_setup_hook=WORKER_SETUP_HOOK)  # local, with logical GPUs, on CPU
+    # join the running cluster and ask it whether its GPU workers are CPUs, or start a local Ray with logical
+    # GPUs on a machine without CUDA, or leave Ray to upstream (engines/ray/cluster.py)
+    ray_launch = cluster.connect(args, worker_setup_hook=WORKER_SETUP_HOOK)
+    started_ray = ray_launch.initialized
+    if ray_launch.cpu != (not _cuda()):
+        args = parse_stock_args(argv, cpu=ray_launch.cpu)
     try:
-        run_upstream(args, [] if _cuda() else all_cpu_patches())
+        run_upstream(args, all_cpu_patches() if ray_launch.cpu else [])
     except AssertionError as err:
         if not _upstream_validation_failed(err):
             raise
