@@ -77,6 +77,7 @@ from openrlhf_populora.tasks import (
     solver_prompt,
     verify_answers,
 )
+from openrlhf_populora.tasks.seeds import load_seed_file
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +185,7 @@ class SelfPlay:
         ``seed_max_rounds`` rounds have run.
         """
         if self.p.seed_file:
-            self.buffers = TaskBuffers.load(self.p.seed_file, capacity=self.p.buffer_capacity)
+            self.buffers = load_seed_file(self.p.seed_file, self.sandbox, capacity=self.p.buffer_capacity)
         else:
             seeder = Seeder(self.buffers, triplets=self.p.seed_tasks,
                             induction=self.p.seed_tasks if "code_f" in self.p.task_types else 0,
