@@ -17,9 +17,8 @@ from __future__ import annotations
 import re
 
 import pytest
+from scripted_loops import scripted_loop, tiny_config
 
-from openrlhf_populora.cli.train import local_engine_config
-from openrlhf_populora.config import Config
 from openrlhf_populora.engines.scripted import scripted_engine
 from openrlhf_populora.selfplay.loop import SelfPlay
 from openrlhf_populora.selfplay.summary import step_metrics
@@ -55,30 +54,6 @@ def _teacher_answer() -> str:
         return "<think>hmm</think><answer>I do not know</answer>"
     program, arguments = proposal
     return f"<think>p</think><answer>\n```python\n{program}\n```\n```input\n{arguments}\n```\n</answer>"
-
-
-def tiny_config(**populora) -> Config:
-    """The tiny model, one task type (code_o), shipped seed tasks, no evolution; ``populora`` overrides."""
-    config = Config()
-    config.actor.model_name_or_path = "tiny"
-    config.ds.lora.rank = 2
-    config.rollout.max_new_tokens = 16
-    p = config.populora
-    p.task_types = ["code_o"]
-    p.seed_file = "configs/seeds/basic.jsonl"
-    p.evolution.enabled = False
-    for key, value in populora.items():
-        setattr(p, key, value)
-    config.validate()
-    return config
-
-
-def scripted_loop(config: Config, engine_class: type, tmp_path, task_sandbox) -> SelfPlay:
-    """A loop on the real local engine (``engine_class``: a scripted subclass), adapters made, buffers seeded."""
-    loop = SelfPlay(config, engine_class(local_engine_config(config)), task_sandbox, tmp_path)
-    loop.create_adapters()
-    loop.seed_buffers()
-    return loop
 
 
 def make_loop(tmp_path, task_sandbox, **populora) -> SelfPlay:

@@ -6,7 +6,8 @@ One step, for all task types at once so that generation batches are as large as 
 2. **propose**  every teacher writes ``proposals_per_teacher`` tasks per type (K references from the buffers);
 3. **check**    proposals run twice in the sandbox; valid tasks enter the buffers;
 4. **solve**    every student answers the valid tasks of its matched teachers (``solver_samples`` each),
-                topped up from the buffers' recent tasks to at least ``solver_tasks`` per type;
+                topped up to at least ``solver_tasks`` per type from the buffers' tasks of those same teachers
+                (this step's and earlier ones, recent first) and the seed tasks: never another teacher's;
 5. **verify**   answers are verified in the sandbox; student reward = correctness (with format penalties),
                 teacher reward = failure rate of its matched students on its valid task;
 6. **train**    advantages whitened per (member, role, task type); one update (``--train.max_epochs``) for
@@ -341,7 +342,9 @@ class SelfPlay:
                               seed=step_seed(self.config.train.seed, t, purpose))
 
     def _plan_attempts(self, t: int, matchups: list[Matchup], proposals: list[Proposal]) -> list[Attempt]:
-        """Which student answers which task: its matched teachers' valid tasks, topped up from the buffers."""
+        """Which student answers which task: its matched teachers' valid tasks, topped up from the buffers with
+        tasks those teachers proposed (this step or before) and seed tasks, so that no student ever trains on an
+        unmatched teacher's task. The baseline's one member is its own teacher: it tops up from everything."""
         rng = step_rng(self.config.train.seed, t, "solver_batch")
         attempts: list[Attempt] = []
         n = self.p.solver_samples
@@ -363,7 +366,10 @@ class SelfPlay:
                 tasks = [(proposals[i].check.task, i) for i in indices]
                 missing = self.p.solver_tasks - len(tasks)
                 if missing > 0:
-                    fill = self.buffers.solver_batch(task_type, missing, t, rng, window=self.p.recency_window)
+                    teachers = None if self.baseline else {m.teacher for m in matchups
+                                                           if m.student == student.id and m.task_type == task_type}
+                    fill = self.buffers.solver_batch(task_type, missing, t, rng, window=self.p.recency_window,
+                                                     proposers=teachers)
                     tasks += [(task, None) for task in fill]
                 for task, index in tasks:
                     attempts += [Attempt(student.id, student.adapter, task, None, index)  # type: ignore[arg-type]

@@ -6,9 +6,10 @@ Buffer semantics:
   kept the oldest and silently dropped every new program once full);
 - ``references(task_type, k, rng)``: K tasks uniformly without replacement from that type's buffer
   (proposer examples); ``induction_program(rng)``: one program uniformly from code_i ∪ code_o;
-- ``solver_batch(task_type, size, step, rng, window)``: tasks added within the last ``window`` steps
-  (``step - task.step <= window``) first, sampled without replacement, the rest filled uniformly from
-  the older tasks (AZR's ``max_new`` mix);
+- ``solver_batch(task_type, size, step, rng, window, proposers)``: tasks added within the last ``window``
+  steps (``step - task.step <= window``) first, sampled without replacement, the rest filled uniformly from
+  the older tasks (AZR's ``max_new`` mix); with ``proposers``, only from the tasks those members proposed
+  and the seed tasks (``step`` 0: held before self-play began);
 - ``save``/``load``: one JSON task per line.
 
 Seeding (AZR): start from the identity "zero triplet"; ask the base model for triplet proposals with up to
@@ -22,7 +23,7 @@ from __future__ import annotations
 import json
 import random
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,9 +87,13 @@ class TaskBuffers:
         return rng.choice(pool) if pool else None
 
     def solver_batch(self, task_type: str, size: int, step: int, rng: random.Random,
-                     window: int = 1) -> list[Task]:
-        """``size`` tasks (fewer if the buffer is smaller): recent ones first, then older ones uniformly."""
+                     window: int = 1, proposers: Collection[str] | None = None) -> list[Task]:
+        """``size`` tasks (fewer if the buffer is smaller): recent ones first, then older ones uniformly. With
+        ``proposers``, drawn only from the tasks one of them proposed and the seed tasks (step 0)."""
         pool = self.tasks(task_type)
+        if proposers is not None:
+            allowed = set(proposers)
+            pool = [t for t in pool if t.step == 0 or t.proposer in allowed]
         recent = [t for t in pool if step - t.step <= window]
         older = [t for t in pool if step - t.step > window]
         chosen = rng.sample(recent, min(size, len(recent)))
