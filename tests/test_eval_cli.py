@@ -37,8 +37,8 @@ def test_plan_groups_population_baseline_and_base(tmp_path, model_dir):
     run = fake_run(tmp_path / "run", model_dir)
     baseline = fake_run(tmp_path / "baseline", model_dir, ids=("b0",))
     args = build_parser().parse_args(["--run", str(run), "--baseline", str(baseline), "--base", "--members", "s1"])
-    base_model, groups, out, sources, model_name = plan(args)
-    assert base_model == model_name == model_dir and out == run / "eval"
+    base_model, groups, out, sources, model_name, untrained = plan(args)
+    assert base_model == model_name == model_dir and out == run / "eval" and untrained == {}
     assert sources == {f"--run {run}": None, f"--baseline {baseline}": None}  # their config.yaml do not say
     assert {g: [m.name for m in ms] for g, ms in groups.items()} == {
         "base": ["base"], "baseline": ["baseline-b0"], "population": ["s1"]}
@@ -81,7 +81,10 @@ def test_report_only_renders_stored_samples(tmp_path, model_dir, capsys):
     results = json.loads((run / "eval" / "results.json").read_text())
     assert results["members"]["s0"]["scores"] == {"humaneval": 50.0}
     assert results["members"]["s1"]["scores"] == {"humaneval": 100.0}
-    assert "| Population best (s1) | 100.0 | 100.0 | 100.0 |" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    # 2 of 2: Wilson's interval is (1 + 1.9207 -+ 1.9207) / 2.9207 = 34.2 to 100
+    assert "| Best member s1 (picked on these benchmarks: optimistic) | 100.0 [34.2, 100.0] |" in printed
+    assert "| Population mean, all members (2) | 75.0 [" in printed and "HumanEval (n=2)" in printed
 
 
 def test_bad_flags_exit_2(tmp_path, model_dir, capsys):
@@ -94,3 +97,67 @@ def test_bad_flags_exit_2(tmp_path, model_dir, capsys):
         with pytest.raises(SystemExit) as exc:
             main(argv)
         assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+DATA = Path(__file__).parent / "data" / "eval"
+
+
+def with_lineage(run: Path) -> Path:
+    """population.json and metrics.jsonl for ``fake_run``'s s0 and s1 and a teacher t0: s0 and t0 trained, s1 was
+    born at step 2, the last, and never did."""
+    from openrlhf_populora.population.members import Member, Population
+
+    population = Population([Member("t0", "teacher", "t0"), Member("s0", "student", "s0"),
+                             Member("s1", "student", "s1", birth_step=2)])
+    population.save(run / "population.json")
+    records = [{"step": 1, "member/s0/student/all/policy_loss": 0.1, "member/t0/teacher/all/grad_norm": 0.2},
+               {"step": 2, "member/s0/student/all/policy_loss": 0.1}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return run
+
+
+def test_untrained_members_are_not_evaluated_unless_asked(tmp_path, model_dir, capsys):
+    # catches: an untrained member (born at the run's last step) evaluated and averaged in by default
+    run = with_lineage(fake_run(tmp_path / "run", model_dir, ids=("s0", "s1", "t0")))
+    planned = plan(build_parser().parse_args(["--run", str(run)]))
+    assert [m.name for m in planned.groups["population"]] == ["t0", "s0"]
+    assert planned.untrained == {"s1": "born at step 2, the run's last step"}
+    kept = plan(build_parser().parse_args(["--run", str(run), "--include-untrained"]))
+    assert [m.name for m in kept.groups["population"]] == ["t0", "s0", "s1"] and kept.untrained == planned.untrained
+
+    settings = EvalSettings(code_template="chat", math_template="chat")
+    store = ResultStore(run / "eval", {**settings.identity(), "base_model": model_dir,
+                                       "members": {m: adapter_digest(run / "adapters" / m) for m in ("s0", "t0")}})
+    store.append({"member": m, "benchmark": "humaneval", "problem_id": f"HumanEval/{i}", "passed": i < k}
+                 for m, k in (("s0", 1), ("t0", 0)) for i in range(2))
+    assert main(["--run", str(run), "--limit", "2", "--report-only"]) == 0
+    printed = capsys.readouterr().out
+    assert "not evaluated, untrained (--include-untrained evaluates them): s1 (born at step 2, the run's last step)" \
+        in printed
+    results = json.loads((run / "eval" / "results.json").read_text())
+    assert set(results["members"]) == {"t0", "s0"} and results["untrained"] == planned.untrained
+    assert [r["label"] for r in results["rows"]][:3] == [
+        "Population mean, students (1)", "Population mean, teachers (1)", "Population mean, all members (2)"]
+    assert "Untrained members, left out of every mean and best: s1 (born at step 2" in printed
+
+
+def test_select_on_picks_the_best_on_a_benchmark_outside_the_table(tmp_path, model_dir, capsys):
+    # s0 leads on GSM8K (the table), s1 on HumanEval (the selection benchmark): the best is s1, labelled so.
+    # Catches: --select-on not reaching the table (s0, "optimistic"), or its benchmark shown as a column.
+    run = fake_run(tmp_path / "run", model_dir)
+    settings = EvalSettings(code_template="chat", math_template="chat")
+    store = ResultStore(run / "eval", {**settings.identity(), "base_model": model_dir,
+                                       "members": {m: adapter_digest(run / "adapters" / m) for m in ("s0", "s1")}})
+    store.append({"member": m, "benchmark": "gsm8k", "problem_id": f"line{i}", "passed": i <= k}
+                 for m, k in (("s0", 2), ("s1", 1)) for i in (1, 2))
+    store.append({"member": m, "benchmark": "humaneval", "problem_id": f"HumanEval/{i}", "passed": i < k}
+                 for m, k in (("s0", 0), ("s1", 2)) for i in range(2))
+    argv = ["--run", str(run), "--benchmarks", "gsm8k", "--data-dir", str(DATA), "--limit", "2", "--report-only"]
+    assert main([*argv, "--select-on", "humaneval"]) == 0
+    printed = capsys.readouterr().out
+    assert "| Best member s1 (picked on HumanEval) | 50.0 [" in printed and "HumanEval (n=" not in printed
+    assert main(argv) == 0
+    assert "| Best member s0 (picked on these benchmarks: optimistic) | 100.0 [" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--select-on", "gsm8k"])
+    assert exc.value.code == 2 and "also in --benchmarks" in capsys.readouterr().err

@@ -106,10 +106,11 @@ def test_evaluate_two_adapters_and_the_base_then_resume(run_dir, tiny_model_dir,
     assert results["members"]["s0"]["n"] == {"humaneval": 2, "gsm8k": 2}
     assert results["members"]["s0"]["code_avg"] == 0.0 and results["members"]["s0"]["math_avg"] == 0.0
     labels = [row["label"] for row in results["rows"]]
-    assert labels[:4] == ["Base model", "Population mean", "Population best (t0)", "Population worst (t0)"]
+    assert labels == ["Base model", "Population mean, students (1)", "Population mean, teachers (1)",
+                      "Population mean, all members (2)", "t0 (teacher)", "s0 (student)"]
     for name in ("results.md", "results.csv", "results.png", "settings.json"):
         assert (out / name).is_file()
-    assert "| Population mean | 0.0 |" in printed
+    assert "| Population mean, all members (2) | 0.0 [0.0, 65.8] |" in printed  # 0 of 2 for both: Wilson's
 
     # resume with more problems: only the new (member, problem) pairs are generated
     assert main([*args, "--limit", "3"]) == 0
@@ -119,6 +120,13 @@ def test_evaluate_two_adapters_and_the_base_then_resume(run_dir, tiny_model_dir,
         ("base", "HumanEval/2"), ("s0", "HumanEval/2"), ("t0", "HumanEval/2")]
     assert main([*args, "--limit", "3"]) == 0
     assert len(samples(out)) == len(second)  # nothing left to do
+
+    # a selection benchmark is graded for the population's members only, and stays out of the table
+    # (catches: --select-on generating nothing, or grading the base model on it too)
+    assert main([*args, "--limit", "3", "--select-on", "mbpp_plus"]) == 0
+    third = samples(out)[len(second):]
+    assert sorted((s["member"], s["benchmark"]) for s in third) == [("s0", "mbpp_plus")] * 2 + [("t0", "mbpp_plus")] * 2
+    assert json.loads((out / "results.json").read_text())["benchmarks"] == ["humaneval", "gsm8k"]
 
     # changing what a sample means is refused instead of mixing results
     with pytest.raises(SystemExit) as exc:

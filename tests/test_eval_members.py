@@ -44,7 +44,8 @@ def test_load_run_members(tmp_path):
     assert [(m.name, m.role) for m in run.members] == [("t0", "teacher"), ("t1", "teacher"),
                                                       ("s0", "student"), ("s1", "student")]
     assert run.members[2].adapter_dir == tmp_path / "run" / "adapters" / "s0"
-    assert run.members[3].rating == 25.0
+    assert run.members[3].rating == 28.0  # mu, the score selection ranks by (conservative: 25)
+    assert all(m.untrained is None for m in run.members)  # no metrics.jsonl: cannot tell, so trained
 
 
 def test_retired_members_are_skipped(tmp_path):
@@ -66,10 +67,42 @@ def test_select_members(tmp_path):
     assert [m.name for m in select_members(members, "all")] == ["t0", "t1", "s0", "s1"]
     assert [m.name for m in select_members(members, "students")] == ["s0", "s1"]
     assert [m.name for m in select_members(members, "teachers")] == ["t0", "t1"]
-    assert [m.name for m in select_members(members, "best")] == ["s1"]  # highest conservative rating
+    assert [m.name for m in select_members(members, "best")] == ["s1"]  # highest mu
     assert [m.name for m in select_members(members, "s1, t0")] == ["s1", "t0"]
     with pytest.raises(ValueError, match=r"unknown member\(s\) \['x9'\]; the run has t0, t1, s0, s1"):
         select_members(members, "s0,x9")
+
+
+def with_training_log(root: Path) -> Path:
+    """A 2-step run: t1 was replaced at step 2 by t2 (in slot t1); t0 and s0 trained at step 1, t1 at step 2,
+    s1 never (its rewards never varied, say), and t2, born at step 2, the last, never."""
+    data = json.loads((root / "population.json").read_text())
+    data["members"][1]["retired_step"] = 2
+    data["members"].append({**data["members"][1], "id": "t2", "birth_step": 2, "retired_step": None,
+                            "parents": ["t0"], "operator": "gaussian"})
+    (root / "population.json").write_text(json.dumps(data))
+    fake_adapter(root / "adapters" / "t2", weights=b"t2")
+    steps = [{"step": 1, "member/t0/teacher/all/policy_loss": 0.1, "member/s0/student/all/grad_norm": 0.5,
+              "member/s1/student/all/solve_rate": 0.5},
+             {"step": 2, "member/t1/teacher/all/policy_loss": 0.2, "member/t1/teacher/all/grad_norm": 0.3,
+              "member/t2/teacher/all/coverage": 0.1}]
+    (root / "metrics.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+    return root
+
+
+def test_untrained_members_are_named_with_the_reason(tmp_path):
+    # catches: training looked up by adapter slot (t2 lives in t1's slot, which trained under t1's id), any metric
+    # counted as an update (s1's solve rate, t2's coverage), and a last-step birth read as "no update since"
+    run = load_run_members(with_training_log(fake_run(tmp_path / "run")))
+    assert {m.name: m.untrained for m in run.members} == {
+        "t0": None, "s0": None, "s1": "no update since its birth at step 0",
+        "t2": "born at step 2, the run's last step"}
+
+
+def test_best_is_never_an_untrained_member(tmp_path):
+    # catches: --members best picking the highest mu among all solvers, s1 (mu 28) that never trained
+    members = load_run_members(with_training_log(fake_run(tmp_path / "run"))).members
+    assert [m.name for m in select_members(members, "best")] == ["s0"]
 
 
 def test_run_errors_name_the_file_and_the_fix(tmp_path):

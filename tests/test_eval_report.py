@@ -6,6 +6,7 @@ import csv
 import io
 import json
 
+import numpy as np
 import pytest
 
 from openrlhf_populora.eval.report import (
@@ -48,25 +49,158 @@ def test_member_scores_and_averages(summary):
     assert s0["complete"] and s0["role"] == "student"
 
 
-def test_rows_population_mean_best_worst(summary):
+MEANS = ["Population mean, students (2)", "Population mean, teachers (1)", "Population mean, all members (3)"]
+BEST_S0 = "Best student s0 (picked on these benchmarks: optimistic)"
+
+
+def test_rows_means_per_role_best_and_members(summary):
+    # catches: teachers averaged into the students' mean, no per-role means, a "worst" or unlabelled "best"
     rows = {r["label"]: r for r in summary["rows"]}
-    assert list(rows) == ["Base model", "PopuLoRA baseline (B1)", "Population mean", "Population best (s0)",
-                          "Population worst (t0)", "s0 (student)", "s1 (student)", "t0 (teacher)"]
-    mean = rows["Population mean"]
-    assert mean["scores"]["humaneval_plus"] == pytest.approx((80 + 60 + 70) / 3)
+    assert list(rows) == ["Base model", "PopuLoRA baseline (B1)", *MEANS, BEST_S0,
+                          "s0 (student)", "s1 (student)", "t0 (teacher)"]
+    assert rows[MEANS[0]]["scores"]["humaneval_plus"] == pytest.approx((80 + 60) / 2)
+    assert rows[MEANS[1]]["scores"]["humaneval_plus"] == pytest.approx(70)
+    assert rows[MEANS[2]]["scores"]["humaneval_plus"] == pytest.approx((80 + 60 + 70) / 3)
     # overalls: s0 55, s1 (60+40)/2 = 50, t0 (55+30)/2 = 42.5
-    assert mean["overall"] == pytest.approx((55 + 50 + 42.5) / 3)
+    assert rows[MEANS[0]]["overall"] == pytest.approx((55 + 50) / 2)
+    assert rows[MEANS[2]]["overall"] == pytest.approx((55 + 50 + 42.5) / 3)
     assert rows["PopuLoRA baseline (B1)"]["overall"] == pytest.approx(((60 + 50) / 2 + (30 + 20) / 2) / 2)
+    assert [r["kind"] for r in summary["rows"]] == ["mean"] * 5 + ["best"] + ["member"] * 3
+    # one problem count per number: 10 problems per benchmark, their sums for the averages
+    assert rows[MEANS[2]]["n"] == {**{b: 10 for b in BENCHMARKS}, "code_avg": 20, "math_avg": 20, "overall": 40}
+
+
+def test_a_member_on_one_benchmark_gets_wilsons_interval(summary):
+    # s0: 8 of 10 on HumanEval+. Wilson: (p + z^2/2n -+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n), z = 1.959964
+    # = (0.8 + 0.192073 -+ 1.959964 * sqrt(0.016 + 0.009604)) / 1.384146 = 0.716733 -+ 0.226577.
+    # Catches: the Wald interval (0.8 -+ 0.248: 55.2 to 104.8), Clopper-Pearson (44.4 to 97.5), no interval.
+    interval = summary["members"]["s0"]["intervals"]["humaneval_plus"]
+    assert interval == pytest.approx([49.0156, 94.3310], abs=1e-3)
+    rows = {r["label"]: r for r in summary["rows"]}
+    assert rows["s0 (student)"]["intervals"]["humaneval_plus"] == pytest.approx(interval)
+    assert rows[BEST_S0]["intervals"]["humaneval_plus"] == pytest.approx(interval)
+
+
+def _two_students(passes: dict[str, dict[str, list[int]]]) -> dict:
+    records = [{"member": m, "benchmark": b, "problem_id": f"{b}/{i}", "passed": bool(x)}
+               for m, per in passes.items() for b, xs in per.items() for i, x in enumerate(xs)]
+    return summarize(records, {"population": list(passes)}, sorted({b for per in passes.values() for b in per}),
+                     roles={m: "student" for m in passes})
+
+
+def _bootstrap(strata: list[list[int]]) -> list[float]:
+    """The percentile bootstrap the report documents, written out: 2,000 resamples, seed 0, each stratum (a
+    benchmark's per-problem pass rates) resampled on its own, the statistic the mean of the strata's means."""
+    from scipy.stats import bootstrap
+
+    result = bootstrap(tuple(np.array(x, dtype=float) for x in strata),
+                       lambda *xs, axis=-1: 100 * sum(np.mean(x, axis=axis) for x in xs) / len(xs), paired=False,
+                       vectorized=True, n_resamples=2000, confidence_level=0.95, method="percentile",
+                       rng=np.random.default_rng(0))
+    return [result.confidence_interval.low, result.confidence_interval.high]
+
+
+def test_a_mean_over_members_resamples_problems_not_answers():
+    # s0 and s1 answer alike: 5 of the same 10 problems. Members share problems, so the mean's uncertainty is
+    # that of the 10 problems, not of 20 independent answers: its interval is the bootstrap of the 10 per-problem
+    # rates. Catches: an interval over (member, problem) pairs (a binomial on 10 of 20: 29.9 to 70.1), or over
+    # members resampled apart.
+    summary = _two_students({"s0": {"humaneval": [1, 0] * 5}, "s1": {"humaneval": [1, 0] * 5}})
+    (mean,) = [r for r in summary["rows"] if r["kind"] == "mean"]
+    assert mean["scores"]["humaneval"] == 50.0 and mean["n"]["humaneval"] == 10
+    assert mean["intervals"]["humaneval"] == pytest.approx(_bootstrap([[1, 0] * 5]))
+    assert mean["intervals"]["humaneval"][0] < 29.0  # wider than 20 independent answers would give
+
+
+def test_an_average_over_benchmarks_resamples_each_benchmark_on_its_own():
+    # s0 passes 8 of 10 HumanEval+ problems and 2 of 10 MBPP+: Code Avg 50, its interval the bootstrap that
+    # resamples each benchmark's problems alone. Catches: all 20 problems resampled together (a wider interval).
+    he, mbpp = [1] * 8 + [0] * 2, [1] * 2 + [0] * 8
+    summary = _two_students({"s0": {"humaneval_plus": he, "mbpp_plus": mbpp},
+                             "s1": {"humaneval_plus": he, "mbpp_plus": mbpp}})
+    s0 = summary["members"]["s0"]
+    assert s0["code_avg"] == 50.0 and s0["intervals"]["code_avg"] == pytest.approx(_bootstrap([he, mbpp]))
+    assert s0["intervals"]["code_avg"] != pytest.approx(_bootstrap([he + mbpp]))
+    assert [r for r in summary["rows"] if r["label"] == "s0 (student)"][0]["n"]["code_avg"] == 20
+
+
+def test_a_number_no_resample_can_move_gets_wilsons_interval():
+    # Both members fail all 10 problems: every resample gives 0, a bootstrap interval of no width. The row shows
+    # Wilson's interval for 0 of 10 instead: 0 to (z^2/n) / (1 + z^2/n) = 0.38415 / 1.38415 = 27.75%.
+    # Catches: a mean row claiming [0.0, 0.0] from 10 problems.
+    summary = _two_students({"s0": {"humaneval": [0] * 10}, "s1": {"humaneval": [0] * 10}})
+    (mean,) = [r for r in summary["rows"] if r["kind"] == "mean"]
+    assert mean["intervals"]["humaneval"] == pytest.approx([0.0, 27.753], abs=1e-3)
+    assert mean["intervals"]["overall"] == pytest.approx([0.0, 27.753], abs=1e-3)
+
+
+def test_untrained_members_stay_out_of_means_and_bests(summary):
+    # catches: an untrained member (e.g. born at the run's last step) averaged into a mean or picked as a best
+    untrained = {"t0": "born at step 40, the run's last step", "s1": "no update since its birth at step 0"}
+    table = summarize(fake_records(), GROUPS, BENCHMARKS, totals={b: 10 for b in BENCHMARKS},
+                      roles={"s0": "student", "s1": "student", "t0": "teacher"}, untrained=untrained)
+    rows = {r["label"]: r for r in table["rows"]}
+    assert list(rows) == ["Base model", "PopuLoRA baseline (B1)", "Population mean, students (1)", "s0 (student)",
+                          "s1 (student, untrained: no update since its birth at step 0)",
+                          "t0 (teacher, untrained: born at step 40, the run's last step)"]
+    assert rows["Population mean, students (1)"]["members"] == ["s0"]
+    assert rows["Population mean, students (1)"]["overall"] == 55.0
+    assert not table["members"]["t0"]["trained"] and table["members"]["s0"]["trained"]
+    assert "Untrained members, left out of every mean and best: t0 (born at step 40, the run's last step); s1 (" \
+        in markdown_table(table)
+
+
+def test_best_picked_on_a_separate_benchmark_is_labelled_so(summary):
+    # s1 beats s0 on HumanEval (held out: not in the table) though s0 leads on the table's benchmarks.
+    # Catches: --select-on ignored (s0 picked on the table's own benchmarks), or a held-out pick labelled optimistic.
+    held_out = [{"member": m, "benchmark": "humaneval", "problem_id": f"HumanEval/{i}", "passed": i < k}
+                for m, k in (("s0", 3), ("s1", 7), ("t0", 5), ("t1", 2)) for i in range(10)]
+    t1 = [{"member": "t1", "benchmark": b, "problem_id": f"{b}/{i}", "passed": i < 9}
+          for b in BENCHMARKS for i in range(10)]
+    groups = {**GROUPS, "population": ["s0", "s1", "t0", "t1"]}
+    roles = {"s0": "student", "s1": "student", "t0": "teacher", "t1": "teacher"}
+    table = summarize(fake_records() + held_out + t1, groups, BENCHMARKS, roles=roles, select_on=["humaneval"])
+    bests = [r["label"] for r in table["rows"] if r["kind"] == "best"]
+    assert bests == ["Best student s1 (picked on HumanEval)", "Best teacher t0 (picked on HumanEval)"]
+    assert table["selection"]["held_out"] and table["selection"]["scores"]["s1"]["humaneval"] == 70.0
+    assert "humaneval" not in table["benchmarks"] and "a benchmark not in this table" in markdown_table(table)
+    same = summarize(fake_records() + t1, groups, BENCHMARKS, roles=roles)
+    assert [r["label"] for r in same["rows"] if r["kind"] == "best"] == [
+        BEST_S0, "Best teacher t1 (picked on these benchmarks: optimistic)"]
+    assert "biased upward" in markdown_table(same)
+    with pytest.raises(ValueError, match="also table benchmarks"):
+        summarize(fake_records(), GROUPS, BENCHMARKS, select_on=["gsm8k"])
 
 
 def test_markdown_and_csv_tables(summary):
     md = markdown_table(summary)
-    assert "| Model | HumanEval+ | MBPP+ | GSM8K | MATH-500 | Code Avg | Math Avg | Overall |" in md
-    assert "| Population best (s0) | 80.0 | 60.0 | 40.0 | 40.0 | 70.0 | 40.0 | 55.0 |" in md
+    assert ("| Model | HumanEval+ (n=10) | MBPP+ (n=10) | GSM8K (n=10) | MATH-500 (n=10) | Code Avg (n=20) "
+            "| Math Avg (n=20) | Overall (n=40) |") in md
+    assert f"| {BEST_S0} | 80.0 [49.0, 94.3] | 60.0 [31.3, 83.2] | 40.0 [16.8, 68.7] | 40.0 [16.8, 68.7] |" in md
+    assert "Wilson's binomial interval" in md and "percentile bootstrap over problems" in md
     rows = list(csv.reader(io.StringIO(csv_table(summary))))
-    assert rows[0][0] == "Model" and rows[0][-1] == "Overall"
-    assert rows[1] == ["Base model", "50.0", "50.0", "20.0", "20.0", "50.0", "20.0", "35.0"]
+    assert rows[0][:5] == ["Model", "HumanEval+", "HumanEval+ low", "HumanEval+ high", "HumanEval+ n"]
+    assert rows[0][-4:] == ["Overall", "Overall low", "Overall high", "Overall n"]
+    assert rows[1][:5] == ["Base model", "50.0", "23.7", "76.3", "10"]
+    assert rows[1][-4] == "35.0" and rows[1][-1] == "40"
     assert len(rows) == 1 + len(summary["rows"])
+
+
+def test_a_number_on_fewer_problems_says_how_many():
+    # s1 has only 4 of HumanEval's 10 problems graded: its cells say n=4, and the students' mean rests on the 4
+    # problems both answered: s0 passes problems 0-7, s1 problems 0-1, so (4/4 + 2/4) / 2 = 75.
+    # Catches: a mean over members that mixes each member's own problem set, or an n that is not shown.
+    records = [{"member": "s0", "benchmark": "humaneval", "problem_id": f"HumanEval/{i}", "passed": i < 8}
+               for i in range(10)]
+    records += [{"member": "s1", "benchmark": "humaneval", "problem_id": f"HumanEval/{i}", "passed": i < 2}
+                for i in range(4)]
+    table = summarize(records, {"population": ["s0", "s1"]}, ["humaneval"], totals={"humaneval": 10},
+                      roles={"s0": "student", "s1": "student"})
+    mean = table["rows"][0]
+    assert mean["scores"]["humaneval"] == 75.0 and mean["n"]["humaneval"] == 4
+    md = markdown_table(table)
+    assert "| Population mean, students (2) | 75.0 [" in md and "(n=4) |" in md
+    assert "| s1 (student) | 50.0 [15.0, 85.0] (n=4) |" in md and "Incomplete" in md
 
 
 def test_incomplete_members_are_flagged(summary):
@@ -80,6 +214,9 @@ def test_code_only_table_has_no_math_average():
     summary = summarize(fake_records(), {"population": ["s0"]}, ["humaneval_plus"])
     md = markdown_table(summary)
     assert "Code Avg" in md and "Math Avg" not in md
+    # an average over one benchmark is that benchmark's number, with its interval
+    s0 = summary["members"]["s0"]
+    assert s0["intervals"]["code_avg"] == s0["intervals"]["overall"] == s0["intervals"]["humaneval_plus"]
 
 
 def test_write_report_and_rerender_from_results_json(summary, tmp_path):

@@ -160,14 +160,18 @@ def test_run_baseline_and_full_model_in_one_table(tmp_path, run_dir, baseline_di
         "base": "base", "baseline-b0": "baseline", "b2": "stock", "t0": "population", "s0": "population"}
     assert results["members"]["b2"]["role"] == "stock" and results["members"]["b2"]["n"] == {"gsm8k": 2}
     rows = [(r["label"], r["group"], r["members"]) for r in results["rows"]]
-    assert rows[:4] == [("Base model", "base", ["base"]),
+    assert rows[:6] == [("Base model", "base", ["base"]),
                         ("PopuLoRA baseline (B1)", "baseline", ["baseline-b0"]),
                         (STOCK_ROW, "stock", ["b2"]),
-                        ("Population mean", "population", ["t0", "s0"])]
-    assert f"| {STOCK_ROW} | 0.0 | 0.0 | 0.0 |" in printed
-    assert "| PopuLoRA baseline (B1) | 0.0 |" in printed and "| Population mean | 0.0 |" in printed
+                        ("Population mean, students (1)", "population", ["s0"]),
+                        ("Population mean, teachers (1)", "population", ["t0"]),
+                        ("Population mean, all members (2)", "population", ["t0", "s0"])]
+    assert len(rows) == 8  # then t0's and s0's own rows: no best of a role with one member
+    # 0 of 2: Wilson's interval is 0 to (z^2/n) / (1 + z^2/n) = 1.9207 / 2.9207 = 65.8%
+    assert f"| {STOCK_ROW} | 0.0 [0.0, 65.8] | 0.0 [0.0, 65.8] | 0.0 [0.0, 65.8] |" in printed
+    assert "| PopuLoRA baseline (B1) | 0.0 [" in printed and "| Population mean, all members (2) | 0.0 [" in printed
     assert STOCK_ROW in (out / "results.md").read_text() and STOCK_ROW in (out / "results.csv").read_text()
-    assert {"Base model", "PopuLoRA baseline (B1)", STOCK_ROW, "Population mean"} <= set(bar_labels)
+    assert {"Base model", "PopuLoRA baseline (B1)", STOCK_ROW, "Population mean, all members (2)"} <= set(bar_labels)
     assert json.loads((out / "settings.json").read_text())["members"]["b2"].startswith("model:")
 
     # the full model's samples are exactly what evaluating DIR as the base model gives: same prompts (its own
@@ -310,29 +314,35 @@ def test_more_bad_model_arguments_exit_2(tmp_path, stock_dir, templated_dir, cap
 
 
 def test_report_groups_and_labels():
-    # catches: a stock row scored from the wrong member, or merged into the population's mean/best/worst
+    # catches: a stock row scored from the wrong member, or merged into the population's mean/best
     records = [{"member": m, "benchmark": "gsm8k", "problem_id": str(i), "passed": i < k}
                for m, k in (("base", 1), ("baseline-b0", 2), ("b2", 3), ("b3", 0), ("s0", 1), ("s1", 2))
                for i in range(4)]
     summary = summarize(records, {"base": ["base"], "baseline": ["baseline-b0"], "stock": ["b2", "b3"],
                                   "population": ["s0", "s1"]}, ["gsm8k"])
     rows = {r["label"]: r for r in summary["rows"]}
-    assert list(rows)[:5] == ["Base model", "PopuLoRA baseline (B1)", STOCK_ROW, "Stock OpenRLHF (B2): b3",
-                              "Population mean"]
+    mean = "Population mean, all members (2)"  # no roles given: neither students nor teachers
+    assert list(rows)[:5] == ["Base model", "PopuLoRA baseline (B1)", STOCK_ROW, "Stock OpenRLHF (B2): b3", mean]
     assert rows[STOCK_ROW]["scores"] == {"gsm8k": 75.0} and rows["Stock OpenRLHF (B2): b3"]["overall"] == 0.0
-    assert rows["Population mean"]["scores"] == {"gsm8k": 37.5}  # (25 + 50) / 2: the stock models are not in it
-    assert "Population worst (s0)" in rows  # b3 (0.0) is not a population member
+    assert rows[mean]["scores"] == {"gsm8k": 37.5}  # (25 + 50) / 2: the stock models are not in it
+    assert "Best member s1 (picked on these benchmarks: optimistic)" in rows  # b2 (75.0) is not a population member
 
 
 def test_results_json_written_before_the_stock_group_still_renders(tmp_path):
     # catches: a chart that needs the rows' new 'group' field (old results.json files have none)
     summary = summarize([{"member": "s0", "benchmark": "gsm8k", "problem_id": "1", "passed": True}],
                         {"population": ["s0"]}, ["gsm8k"])
-    summary["rows"] = [{k: v for k, v in r.items() if k != "group"} for r in summary["rows"]]
+    # nor the fields added since: kind, n, intervals (rows), confidence, selection, untrained (the summary)
+    summary["rows"] = [{k: v for k, v in r.items() if k not in ("group", "kind", "n", "intervals")}
+                       for r in summary["rows"]]
+    summary["rows"][0]["label"] = "Population mean"
+    for key in ("confidence", "n_resamples", "selection", "untrained"):
+        del summary[key]
     summary["rows"].insert(0, {**summary["rows"][0], "label": "Baseline", "members": ["baseline-b0"]})
     (tmp_path / "results.json").write_text(json.dumps(summary))
     paths = report_from_results(tmp_path / "results.json", tmp_path / "again")
     assert paths["chart"].read_bytes()[:4] == b"\x89PNG"
+    assert "| Population mean | 100.0 |" in paths["markdown"].read_text()
 
 
 # ------------------------------------------------------------------------------------------------ vLLM

@@ -201,7 +201,7 @@ def test_the_recipe_grades_the_stock_model_beside_a_population_and_its_baseline(
            DATA_DIR=str(ROOT / "tests" / "data" / "eval"), EVAL_LIMIT="2")
     results = json.loads((root / "eval" / "results.json").read_text())
     labels = [row["label"] for row in results["rows"]]
-    for label in ("PopuLoRA baseline (B1)", "Stock OpenRLHF (B2): stock-openrlhf", "Population mean"):
+    for label in ("PopuLoRA baseline (B1)", "Stock OpenRLHF (B2): stock-openrlhf", "Population mean, all members (2)"):
         assert label in labels, labels
     samples = [json.loads(line) for line in (root / "eval" / "samples.jsonl").read_text().splitlines()]
     stock = [s for s in samples if s.get("member") == "stock-openrlhf"]

@@ -10,10 +10,26 @@ baseline, B2), and writes into ``--out`` (default ``<run>/eval``):
     samples.jsonl   one graded sample per (member, benchmark, problem): append-only; rerun to resume
     settings.json   what the samples depend on (templates, lengths, base model, adapter and model hashes)
     results.json    scores per member and the table rows, each with its group (base / baseline / stock /
-                    population)
+                    population), interval and problem count
     results.md/csv  the table: benchmarks, Code Avg, Math Avg, Overall; base, PopuLoRA baseline (B1), stock
-                    OpenRLHF (B2), population mean / best / worst, every member
-    results.png     a grouped bar chart (PopuLoRA Figure 2 style)
+                    OpenRLHF (B2), the population's means over students, over teachers and over all members,
+                    its best student and best teacher, then every member
+    results.png     a grouped bar chart (PopuLoRA Figure 2 style), each bar with its interval
+
+Every number is greedy pass@1 (%) with a 95% interval and the number of problems it rests on (``n``): a
+member on one benchmark, Wilson's binomial interval; an average over benchmarks or a mean over members, a
+percentile bootstrap over problems (the same problems for every member of a row). See
+``openrlhf_populora/eval/report.py``.
+
+**Untrained members** (no update of their own in the run's ``metrics.jsonl``: a child born at the run's last
+step, say) are not evaluated: the command names them and why. ``--include-untrained`` evaluates them too; they
+then get their own rows, labelled, and stay out of every mean and best.
+
+**The best student / teacher** is the member of the role with the highest Overall. Picked on the table's own
+benchmarks (the default) its numbers are the maximum of several noisy scores, biased upward, and the row says
+"picked on these benchmarks: optimistic". ``--select-on BENCH[,BENCH]`` picks it on separate benchmarks
+instead, evaluated for the population's members only and kept out of the table, so the best rows' numbers are
+honest estimates.
 
 ``--benchmarks``: a comma list of humaneval, humaneval_plus, mbpp_plus, livecodebench, aime24, aime25,
 amc23, math500, minerva, gsm8k, olympiadbench, or ``paper`` (all but humaneval). HumanEval ships with the
@@ -104,7 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     src = p.add_argument_group("what to evaluate")
     src.add_argument("--run", help="run directory (config.yaml, population.json, adapters/<member>/)")
     src.add_argument("--members", default="all",
-                     help="all | students | teachers | best (highest-rated solver) | comma list of member ids")
+                     help="all | students | teachers | best (the trained solver with the highest rating mu) | comma "
+                          "list of member ids")
+    src.add_argument("--include-untrained", action="store_true",
+                     help="also evaluate members that never took an update (e.g. born at the run's last step); "
+                          "they get their own labelled rows and stay out of the means and bests")
     src.add_argument("--baseline", help="run directory of the PopuLoRA single-agent baseline, row 'PopuLoRA baseline (B1)' "
                           "(all its members)")
     src.add_argument("--base", action="store_true", help="also evaluate the base model without adapter")
@@ -119,6 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench = p.add_argument_group("benchmarks")
     bench.add_argument("--benchmarks", default="humaneval", help="comma list, or 'paper' (default: humaneval)")
     bench.add_argument("--data-dir", help="directory holding the benchmark files (published formats)")
+    bench.add_argument("--select-on", default=None, metavar="BENCH[,BENCH]",
+                       help="benchmarks, not in --benchmarks, on which the best student and best teacher are picked "
+                            "(evaluated for the population's members only); default: picked on --benchmarks "
+                            "themselves, and labelled optimistic")
     bench.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark (smoke tests)")
     bench.add_argument("--code-template", default=AUTO, choices=TEMPLATE_CHOICES,
                        help="prompt template of code problems. azr: raw R1-style text, for AZR-style policies and "
@@ -200,6 +224,8 @@ class Plan(NamedTuple):
     out: Path
     sources: dict[str, bool | None]  # each source of adapters -> populora.chat_template of its training
     model_name: str | None  # the base model as named (--base-model or the run's), before resolving
+    untrained: dict[str, str]  # member -> why it never took an update (evaluated or, without
+    # --include-untrained, left out)
 
 
 def plan(args: argparse.Namespace) -> Plan:
@@ -208,9 +234,11 @@ def plan(args: argparse.Namespace) -> Plan:
     sources: dict[str, bool | None] = {}
     taken: set[str] = set()  # every member id of --run (selected or not) and every --adapter name
     base_model: str | None
+    untrained: dict[str, str] = {}
     if args.run:
         run = load_run_members(args.run, args.base_model)
-        base_model, groups["population"] = run.base_model, select_members(run.members, args.members)
+        base_model = run.base_model
+        groups["population"] = _drop_untrained(select_members(run.members, args.members), args, untrained)
         default_out = run.run_dir / "eval"
         sources[f"--run {args.run}"] = run.chat_template
         taken.update(m.name for m in run.members)
@@ -235,8 +263,9 @@ def plan(args: argparse.Namespace) -> Plan:
         elif not same_model(_resolve(baseline.base_model), resolved):
             raise ValueError(f"--baseline {args.baseline} was trained on {baseline.base_model!r} but --run on "
                              f"{base_model!r}: compare runs of the same base model.")
-        groups["baseline"] = [EvalMember(BASELINE_PREFIX + m.name, m.adapter_dir, m.role, m.rating)
-                              for m in baseline.members]
+        groups["baseline"] = _drop_untrained([EvalMember(BASELINE_PREFIX + m.name, m.adapter_dir, m.role, m.rating,
+                                                         untrained=m.untrained) for m in baseline.members],
+                                             args, untrained)
         sources[f"--baseline {args.baseline}"] = baseline.chat_template
     stock = _model_members(args.model, taken)
     if stock:
@@ -249,7 +278,14 @@ def plan(args: argparse.Namespace) -> Plan:
     out = Path(args.out) if args.out else default_out
     if out is None:
         raise ValueError("pass --out DIR when evaluating without --run")
-    return Plan(resolved, groups, out, sources, base_model)
+    return Plan(resolved, groups, out, sources, base_model, untrained)
+
+
+def _drop_untrained(members: list[EvalMember], args: argparse.Namespace, untrained: dict[str, str]) -> list[EvalMember]:
+    """``members`` without the untrained ones (all of them with ``--include-untrained``); records why in
+    ``untrained``."""
+    untrained.update({m.name: m.untrained for m in members if m.untrained})
+    return list(members) if args.include_untrained else [m for m in members if not m.untrained]
 
 
 def choose_prompt_templates(args: argparse.Namespace, base_model: str | None, sources: dict[str, bool | None],
@@ -298,10 +334,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         benchmarks = parse_benchmark_names(args.benchmarks)
-        base_model, groups, out, sources, model_name = plan(args)
+        select_on = parse_benchmark_names(args.select_on) if args.select_on else []
+        overlap = [b for b in select_on if b in benchmarks]
+        if overlap:
+            raise ValueError(f"--select-on {','.join(overlap)} is also in --benchmarks: a best picked on the benchmark "
+                             "it is reported on is optimistic; select on benchmarks outside the table")
+        base_model, groups, out, sources, model_name, untrained = plan(args)
+        if untrained and not args.include_untrained:
+            print("[eval] not evaluated, untrained (--include-untrained evaluates them): "
+                  + "; ".join(f"{name} ({why})" for name, why in untrained.items()))
         members = [m for group in groups.values() for m in group]
         lora = check_adapters(members, base_model) if base_model else {}
         problems = {b: load_benchmark(b, args.data_dir, args.limit) for b in benchmarks}  # fail before loading a model
+        selectors = {b: load_benchmark(b, args.data_dir, args.limit) for b in select_on}
         published = plan_published_checks(args, benchmarks, model_name)
         templates, why = choose_prompt_templates(args, base_model, sources, members)
         print(f"[eval] prompt templates: code {templates['code']}, math {templates['math']} ({why})")
@@ -322,8 +367,11 @@ def main(argv: list[str] | None = None) -> int:
         engine = args.engine
         if engine == "auto":
             engine = "vllm" if vllm_available() else "local"
+        population = {m.name for m in groups["population"]}
         for model_dir, engine_members in engine_jobs(base_model, members):
-            if not missing_samples(store, [m.name for m in engine_members], problems):
+            choosers = [m.name for m in engine_members if m.name in population] if selectors else []
+            if not (missing_samples(store, [m.name for m in engine_members], problems)
+                    or missing_samples(store, choosers, selectors)):
                 total = len(engine_members) * sum(len(p) for p in problems.values())
                 print(f"[eval] {', '.join(m.name for m in engine_members)}: {total}/{total} samples already graded; "
                       "0 to go")
@@ -336,13 +384,21 @@ def main(argv: list[str] | None = None) -> int:
                 backend = build_local_backend(model_dir, engine_members, job_lora, device=args.device,
                                               dtype=args.dtype, batch_size=args.batch_size)
             try:
-                run_evaluation(backend, assign_slots(engine_members), problems, store, settings)
+                slots = assign_slots(engine_members)
+                run_evaluation(backend, slots, problems, store, settings)
+                if choosers:
+                    print(f"[eval] selection benchmarks {', '.join(select_on)} (population members only)")
+                    run_evaluation(backend, {n: slots[n] for n in choosers}, selectors, store, settings)
             finally:
                 backend.close()
-    summary = summarize(
-        store.records(), {g: [m.name for m in ms] for g, ms in groups.items()}, benchmarks,
-        totals={b: len(p) for b, p in problems.items()}, roles={m.name: m.role for m in members},
-    )
+    try:
+        summary = summarize(
+            store.records(), {g: [m.name for m in ms] for g, ms in groups.items()}, benchmarks,
+            totals={b: len(p) for b, p in problems.items()}, roles={m.name: m.role for m in members},
+            untrained=untrained, select_on=select_on,
+        )
+    except ValueError as exc:  # e.g. --report-only before the selection benchmarks were graded
+        parser.exit(2, f"error: {exc}\n")
     summary["settings"] = store.settings  # provenance: templates, lengths, base model, adapter hashes
     checks = [_published_check(score, store.records(), problems[score.benchmark], base_model, args, settings)
               for score in published]

@@ -2,10 +2,17 @@
 
 A run directory (written by the training loop) holds ``config.yaml`` (base model under
 ``actor.model_name_or_path``; whether prompts were rendered with the chat template under
-``populora.chat_template``), ``population.json`` (members, roles, ratings) and one PEFT adapter per member
-under ``adapters/<member_id>/`` (``adapter_config.json`` + ``adapter_model.safetensors``). The evaluator
-itself only needs (base model, {name: adapter directory}); this module is the one place that knows the run
-layout.
+``populora.chat_template``), ``population.json`` (members, roles, ratings, birth steps), ``metrics.jsonl`` and
+one PEFT adapter per member under ``adapters/<member_id>/`` (``adapter_config.json`` +
+``adapter_model.safetensors``). The evaluator itself only needs (base model, {name: adapter directory}); this
+module is the one place that knows the run layout.
+
+**Untrained members.** A living member is *trained* when ``metrics.jsonl`` records an update of its own
+adapter: a training diagnostic under its id (``member/<id>/<role>/all/policy_loss`` or ``grad_norm``), which
+the loop logs only for the member that trained in a slot, after its birth. A member with none never took an
+update: a child born at the run's last step (runs from before the loop's last-step guard), or one whose
+rewards never varied. ``EvalMember.untrained`` then says why; evaluation leaves such members out unless asked.
+A run without ``metrics.jsonl`` cannot tell: its members count as trained.
 
 A *full model* (``--model NAME=DIR``: a fine-tuned HF model directory such as stock OpenRLHF's
 ``train_ppo_ray --ckpt.save_hf`` output, with ``config.json``, the weights and the tokenizer files, no adapter)
@@ -43,8 +50,9 @@ class EvalMember:
     name: str
     adapter_dir: Path | None
     role: str = "member"  # teacher / student / both (baseline agent) / member (unknown) / base / stock
-    rating: float | None = None  # conservative rating (mu - 3 sigma) when the run recorded one
+    rating: float | None = None  # rating mean mu (what selection ranks by) when the run recorded one
     model_dir: Path | None = None  # a full HF model directory generated with instead of the base model
+    untrained: str | None = None  # why the member never took an update (None: trained, or not known)
 
 
 @dataclass
@@ -95,6 +103,46 @@ def _adapter_dir(adapters: Path, member: dict[str, Any]) -> Path | None:
     return None
 
 
+TRAINING_DIAGNOSTICS = ("policy_loss", "grad_norm")  # metric names the loop logs for a member that trained
+
+
+def read_training(run_dir: Path) -> tuple[set[str], int] | None:
+    """``(members that took at least one update, the last step logged)`` from the run's ``metrics.jsonl``;
+    None without one."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    updated: set[str] = set()
+    last = 0
+    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{lineno} is not valid JSON ({exc.msg})") from None
+        if not isinstance(record, dict):
+            continue
+        if isinstance(record.get("step"), int):
+            last = max(last, record["step"])
+        for key, value in record.items():
+            parts = key.split("/")
+            if (len(parts) == 5 and parts[0] == "member" and parts[3] == "all" and parts[4] in TRAINING_DIAGNOSTICS
+                    and isinstance(value, (int, float))):
+                updated.add(parts[1])
+    return updated, last
+
+
+def _untrained(record: dict[str, Any], training: tuple[set[str], int] | None) -> str | None:
+    """Why a living member of population.json never took an update, or None (trained, or not known)."""
+    if training is None or str(record["id"]) in training[0]:
+        return None
+    birth, last = record.get("birth_step"), training[1]
+    if isinstance(birth, int) and birth >= last:
+        return f"born at step {birth}, the run's last step"
+    return f"no update since its birth at step {birth}" if isinstance(birth, int) else "no update logged"
+
+
 def load_run_members(run_dir: str | Path, base_model: str | None = None) -> RunMembers:
     """The base model, the living members of a run (each with its adapter directory) and whether the run
     trained on chat-formatted prompts."""
@@ -114,6 +162,7 @@ def load_run_members(run_dir: str | Path, base_model: str | None = None) -> RunM
         records = data.get("members") if isinstance(data, dict) else None
         if not isinstance(records, list):
             raise ValueError(f"{population_path} has no 'members' list")
+        training = read_training(run_dir)
         for record in records:
             if not isinstance(record, dict) or "id" not in record:
                 raise ValueError(f"{population_path}: every member needs an 'id', got {record!r:.80}")
@@ -127,8 +176,9 @@ def load_run_members(run_dir: str | Path, base_model: str | None = None) -> RunM
                     "were saved (training writes them at the end and at every checkpoint)."
                 )
             rating = record.get("rating") or {}
-            members.append(EvalMember(str(record["id"]), adapter_dir, str(record.get("role", "member")),
-                                      rating.get("conservative") if isinstance(rating, dict) else None))
+            mu = rating.get("mu", rating.get("conservative")) if isinstance(rating, dict) else None
+            members.append(EvalMember(str(record["id"]), adapter_dir, str(record.get("role", "member")), mu,
+                                      untrained=_untrained(record, training)))
     elif adapters.is_dir():
         for path in sorted(adapters.iterdir()):
             if (path / "adapter_config.json").is_file():
@@ -140,8 +190,8 @@ def load_run_members(run_dir: str | Path, base_model: str | None = None) -> RunM
 
 
 def select_members(members: list[EvalMember], spec: str) -> list[EvalMember]:
-    """``all`` | ``students`` (solvers, incl. a baseline agent) | ``teachers`` | ``best`` (the solver with the
-    highest conservative rating) | a comma-separated list of member ids."""
+    """``all`` | ``students`` (solvers, incl. a baseline agent) | ``teachers`` | ``best`` (the trained solver with
+    the highest rating mean mu, the score selection ranks by) | a comma-separated list of member ids."""
     spec = spec.strip()
     if spec == "all":
         return list(members)
@@ -153,7 +203,7 @@ def select_members(members: list[EvalMember], spec: str) -> list[EvalMember]:
                              f"{sorted({m.role for m in members})})")
         return chosen
     if spec == "best":
-        rated = [m for m in members if m.role in SOLVER_ROLES and m.rating is not None]
+        rated = [m for m in members if m.role in SOLVER_ROLES and m.rating is not None and m.untrained is None]
         if not rated:
             raise ValueError("--members best needs solver ratings in population.json; none found. "
                              "Fix: name members explicitly, e.g. --members s0,s1")

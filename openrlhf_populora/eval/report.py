@@ -1,4 +1,4 @@
-"""From graded samples to the paper's table and chart.
+"""From graded samples to the paper's table and chart, each number with its interval and problem count.
 
 Scores are greedy pass@1 in percent. Per member: one score per benchmark (100 * passed / graded),
 ``code_avg`` = mean over the code benchmarks evaluated, ``math_avg`` = mean over the math benchmarks,
@@ -10,16 +10,39 @@ Rows of the table (each present only when its members were evaluated):
 - ``PopuLoRA baseline (B1)``: the single-agent PopuLoRA baseline run (mean over its members, usually one);
 - ``Stock OpenRLHF (B2): NAME``: one row per full fine-tuned model (``--model NAME=DIR``, e.g. what stock
   OpenRLHF's ``train_ppo_ray --ckpt.save_hf`` writes), evaluated as its own base with no adapter;
-- ``Population mean``: per column, the mean over the population's members;
-- ``Population best`` / ``Population worst``: the member with the highest / lowest ``overall``;
-- then every member on its own row.
+- ``Population mean, students (k)``, ``..., teachers (k)``, ``..., all members (k)``: per column, the mean over
+  the population's trained members of that role (students: role ``student`` or a baseline's ``both``); the
+  all-members row is left out when it would repeat a role's row;
+- ``Best student NAME (picked on ...)`` / ``Best teacher NAME (...)``: the member of the role with the highest
+  ``overall``, for a role with at least two trained members (``Best member``: among members of no known role,
+  such as bare adapters). Picked on the table's own benchmarks by default,
+  which biases its numbers upward (the maximum of several noisy scores), and the label says so; picked on
+  separate selection benchmarks (``select_on``, ``cli.evaluate --select-on``) when given;
+- then every member on its own row; an untrained member (``untrained``: never updated, e.g. born at a run's
+  last step) only there, labelled so, and never in a mean or a best.
+
+**How many problems.** Each number carries ``n``, the problems it rests on: a member's graded problems on a
+benchmark, their sum over the benchmarks of an average; a mean over members uses the problems every one of them
+was graded on (all of them once the evaluation is complete).
+
+**Intervals** (``confidence``, default 95%): one member on one benchmark, Wilson's binomial interval
+(``scipy.stats.binomtest``); an average over benchmarks, and any mean over members, a percentile bootstrap over
+problems (``scipy.stats.bootstrap``, ``n_resamples`` draws with a fixed seed): each benchmark's problems are
+resampled on their own, and one draw of problems serves every member of a row, since members answer the same
+problems and their scores are not independent. An average over a single benchmark takes that benchmark's
+interval. When no resample can move a number (every problem of its benchmarks answered alike by every
+member of the row: all failed, say), the bootstrap interval has no width, which would claim a certainty that
+a handful of problems cannot give; such a number gets Wilson's interval for its value over its ``n`` problems
+instead, what a single member with that score would get. No interval when a benchmark of the number has
+fewer than two problems.
 
 Member groups (``summarize``'s ``groups``, each member's ``group`` and each row's ``group`` in
-``results.json``): ``base``, ``baseline`` (B1), ``stock`` (B2), ``population``.
+``results.json``): ``base``, ``baseline`` (B1), ``stock`` (B2), ``population``. Each row's ``kind`` is
+``mean``, ``best`` or ``member``.
 
 ``results.json`` holds all of it; ``results.md`` / ``results.csv`` the table; ``results.png`` a grouped bar
-chart like PopuLoRA's Figure 2 (per benchmark and average: base model, B1, each B2 model, population mean with
-a whisker from the worst to the best member).
+chart like PopuLoRA's Figure 2 (per benchmark and average: base model, B1, each B2 model and the population's
+means, each bar with its interval).
 """
 
 from __future__ import annotations
@@ -27,9 +50,12 @@ from __future__ import annotations
 import csv
 import io
 import json
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from openrlhf_populora.eval.benchmarks import BENCHMARKS
 from openrlhf_populora.eval.problems import CODE, MATH
@@ -40,13 +66,29 @@ GROUPS = ("base", "baseline", "stock", "population")
 BASE_LABEL = "Base model"
 BASELINE_LABEL = "PopuLoRA baseline (B1)"
 STOCK_LABEL = "Stock OpenRLHF (B2)"
-POPULATION_MEAN_LABEL = "Population mean"
+POPULATION_MEAN_LABEL = "Population mean"  # the mean rows' labels start with it
+# the population's roles: a table row each (mean, best); "both" is the baseline agent's, a solver
+ROLE_GROUPS = {"students": ("student", "both"), "teachers": ("teacher",)}
+ROLE_NOUNS = {"students": "student", "teachers": "teacher", "members": "member"}
+CONFIDENCE = 0.95
+N_RESAMPLES = 2000
+BOOTSTRAP_SEED = 0
 # row labels of results.json files written before rows carried their group
 LEGACY_GROUPS = {BASE_LABEL: "base", "Baseline": "baseline", POPULATION_MEAN_LABEL: "population"}
 
 
 def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
+
+
+def _outcomes(records: Sequence[Mapping[str, Any]], benchmarks: Sequence[str]) -> dict[str, dict[str, dict[str, bool]]]:
+    """member -> benchmark -> problem id -> passed."""
+    out: dict[str, dict[str, dict[str, bool]]] = {}
+    wanted = set(benchmarks)
+    for r in records:
+        if r["benchmark"] in wanted:
+            out.setdefault(str(r["member"]), {}).setdefault(r["benchmark"], {})[str(r["problem_id"])] = bool(r["passed"])
+    return out
 
 
 def member_scores(records: Sequence[Mapping[str, Any]], member: str, benchmarks: Sequence[str]) -> dict[str, Any]:
@@ -67,28 +109,110 @@ def averages(scores: Mapping[str, float]) -> dict[str, float | None]:
     return {"code_avg": code, "math_avg": math, "overall": _mean([v for v in (code, math) if v is not None])}
 
 
-def _row(label: str, scores: Mapping[str, float], members: Sequence[str], group: str) -> dict[str, Any]:
-    return {"label": label, "group": group, "members": list(members), "scores": dict(scores), **averages(scores)}
-
-
 def stock_label(name: str) -> str:
     """The table label of the full model ``--model NAME=DIR`` (the stock OpenRLHF baseline, B2)."""
     return f"{STOCK_LABEL}: {name}"
 
 
-def _mean_row(label: str, table: Mapping[str, dict], names: Sequence[str], benchmarks: Sequence[str],
-              group: str) -> dict:
-    scores = {}
+# ------------------------------------------------------------------------------------------ intervals
+
+
+def wilson_interval(passed: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+    """Wilson's binomial interval for ``passed`` of ``n``, in percent (None when n == 0)."""
+    if n <= 0:
+        return None
+    from scipy.stats import binomtest
+
+    ci = binomtest(int(passed), int(n)).proportion_ci(confidence_level=confidence, method="wilson")
+    return 100.0 * float(ci.low), 100.0 * float(ci.high)
+
+
+def _average_statistic(kinds: Sequence[str], key: str):
+    """The statistic ``key`` (``code_avg`` | ``math_avg`` | ``overall``) of per-benchmark samples (one array per
+    benchmark, of per-problem pass rates), vectorised along ``axis`` as scipy's bootstrap wants it."""
+    code = [i for i, k in enumerate(kinds) if k == CODE]
+    math = [i for i, k in enumerate(kinds) if k == MATH]
+
+    def statistic(*samples, axis=-1):
+        means = [100.0 * np.mean(s, axis=axis) for s in samples]
+        parts = []
+        if key in ("code_avg", "overall") and code:
+            parts.append(sum(means[i] for i in code) / len(code))
+        if key in ("math_avg", "overall") and math:
+            parts.append(sum(means[i] for i in math) / len(math))
+        return sum(parts) / len(parts)
+
+    return statistic
+
+
+def bootstrap_interval(samples: Sequence[Sequence[float]], kinds: Sequence[str], key: str,
+                       confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES,
+                       seed: int = BOOTSTRAP_SEED) -> tuple[float, float] | None:
+    """Percentile bootstrap interval, in percent, of ``key`` over benchmarks whose per-problem pass rates are
+    ``samples`` (one array per benchmark, of kind ``kinds[i]``): each benchmark's problems resampled on their own
+    (``scipy.stats.bootstrap`` with ``paired=False``). None when a benchmark has fewer than two problems."""
+    if not samples or any(len(s) < 2 for s in samples):
+        return None
+    from scipy.stats import bootstrap
+
+    data = tuple(np.asarray(s, dtype=float) for s in samples)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # all-equal samples (every problem passed, say) give a zero-width interval
+        result = bootstrap(data, _average_statistic(kinds, key), paired=False, vectorized=True,
+                           n_resamples=n_resamples, confidence_level=confidence, method="percentile",
+                           rng=np.random.default_rng(seed))
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
+def _or_wilson(ci: tuple[float, float] | None, value: float, n: int,
+               confidence: float) -> tuple[float, float] | None:
+    """A bootstrap interval, or, when it has no width (no resample can move the number: every problem of its
+    benchmarks answered alike by every member of the row), Wilson's interval for ``value`` % of ``n`` problems."""
+    if ci is None or ci[1] - ci[0] > 1e-9:
+        return ci
+    return wilson_interval(round(value * n / 100.0), n, confidence)
+
+
+# ------------------------------------------------------------------------------------------ rows
+
+
+def _row(label: str, group: str, kind: str, names: Sequence[str], outcomes: Mapping[str, Any],
+         benchmarks: Sequence[str], confidence: float, n_resamples: int) -> dict[str, Any]:
+    """A table row over members ``names``: per benchmark, the mean pass@1 on the problems all of them were graded
+    on, its interval and ``n``; then the averages, each with its interval and ``n``."""
+    scores: dict[str, float] = {}
+    n: dict[str, int] = {}
+    intervals: dict[str, list[float] | None] = {}
+    samples: dict[str, np.ndarray] = {}
     for b in benchmarks:
-        values = [table[n]["scores"][b] for n in names if b in table[n]["scores"]]
-        if values:
-            scores[b] = sum(values) / len(values)
-    row = _row(label, scores, names, group)
-    # averages of a mean row: the mean of the members' averages (equal to the averages of the mean scores
-    # when every member has every benchmark)
+        graded = [outcomes.get(name, {}).get(b, {}) for name in names]
+        common = sorted(set.intersection(*(set(g) for g in graded))) if graded else []
+        if not common:
+            continue
+        rates = np.array([[g[p] for p in common] for g in graded], dtype=float).mean(axis=0)
+        samples[b], n[b] = rates, len(common)
+        scores[b] = 100.0 * float(rates.mean())
+        if len(names) == 1:
+            ci = wilson_interval(int(rates.sum()), len(common), confidence)
+        else:
+            ci = _or_wilson(bootstrap_interval([rates], [BENCHMARKS[b].kind], "overall", confidence, n_resamples),
+                            scores[b], len(common), confidence)
+        intervals[b] = list(ci) if ci else None
+    row: dict[str, Any] = {"label": label, "group": group, "kind": kind, "members": list(names),
+                           "scores": scores, **averages(scores)}
     for key in AVERAGES:
-        values = [table[n][key] for n in names if table[n][key] is not None]
-        row[key] = _mean(values)
+        parts = [b for b in samples if key == "overall" or BENCHMARKS[b].kind == (CODE if key == "code_avg" else MATH)]
+        if row[key] is None or not parts:
+            continue
+        n[key] = sum(n[b] for b in parts)
+        if len(parts) == 1:
+            intervals[key] = intervals[parts[0]]
+        else:
+            ci = bootstrap_interval([samples[b] for b in parts], [BENCHMARKS[b].kind for b in parts], key,
+                                    confidence, n_resamples)
+            ci = _or_wilson(ci, row[key], n[key], confidence)
+            intervals[key] = list(ci) if ci else None
+    row["n"], row["intervals"] = n, intervals
     return row
 
 
@@ -98,45 +222,107 @@ def summarize(
     benchmarks: Sequence[str],
     totals: Mapping[str, int] | None = None,
     roles: Mapping[str, str] | None = None,
+    untrained: Mapping[str, str] | None = None,
+    select_on: Sequence[str] | None = None,
+    confidence: float = CONFIDENCE,
+    n_resamples: int = N_RESAMPLES,
 ) -> dict[str, Any]:
-    """The content of ``results.json``. ``groups`` maps ``base`` / ``baseline`` / ``stock`` / ``population`` to
-    member names; ``totals`` (benchmark -> problem count) marks members whose evaluation is incomplete."""
+    """The content of ``results.json``.
+
+    ``groups`` maps ``base`` / ``baseline`` / ``stock`` / ``population`` to member names; ``totals`` (benchmark
+    -> problem count) marks members whose evaluation is incomplete; ``roles`` gives each member's role;
+    ``untrained`` (member -> why) names population members kept out of the means and the bests; ``select_on``
+    names benchmarks, not in ``benchmarks``, on which the best of each role is picked (default: on
+    ``benchmarks`` themselves, labelled optimistic)."""
     unknown = set(groups) - set(GROUPS)
     if unknown:
         raise ValueError(f"unknown member groups {sorted(unknown)}; use {', '.join(GROUPS)}")
+    select_on = list(select_on or [])
+    overlap = sorted(set(select_on) & set(benchmarks))
+    if overlap:
+        raise ValueError(f"selection benchmarks {overlap} are also table benchmarks: a best picked on the "
+                         "benchmark it is reported on is optimistic; select on benchmarks not in the table")
+    untrained = dict(untrained or {})
+    roles = dict(roles or {})
+    outcomes = _outcomes(records, benchmarks)
     table: dict[str, dict[str, Any]] = {}
     for group in GROUPS:
         for name in groups.get(group, ()):
             entry = member_scores(records, name, benchmarks)
+            own = _row(name, group, "member", [name], outcomes, benchmarks, confidence, n_resamples)
+            entry["intervals"] = own["intervals"]  # (entry["n"]: graded problems per benchmark; rows carry the rest)
             entry["group"] = group
-            entry["role"] = (roles or {}).get(name, group)
+            entry["role"] = roles.get(name, group)
+            entry["trained"] = name not in untrained
             entry["complete"] = all(entry["n"][b] >= (totals or {}).get(b, 0) and entry["n"][b] > 0 for b in benchmarks)
             table[name] = entry
+
+    def row(label: str, group: str, kind: str, names: Sequence[str]) -> dict[str, Any]:
+        return _row(label, group, kind, names, outcomes, benchmarks, confidence, n_resamples)
+
     rows = []
     if groups.get("base"):
-        rows.append(_mean_row(BASE_LABEL, table, groups["base"], benchmarks, "base"))
+        rows.append(row(BASE_LABEL, "base", "mean", groups["base"]))
     if groups.get("baseline"):
-        rows.append(_mean_row(BASELINE_LABEL, table, groups["baseline"], benchmarks, "baseline"))
+        rows.append(row(BASELINE_LABEL, "baseline", "mean", groups["baseline"]))
     for name in groups.get("stock", ()):
-        rows.append(_row(stock_label(name), table[name]["scores"], [name], "stock"))
-    population = [n for n in groups.get("population", ()) if table[n]["overall"] is not None]
-    if population:
-        rows.append(_mean_row(POPULATION_MEAN_LABEL, table, population, benchmarks, "population"))
-        best = max(population, key=lambda n: table[n]["overall"])
-        worst = min(population, key=lambda n: table[n]["overall"])
-        rows.append(_row(f"Population best ({best})", table[best]["scores"], [best], "population"))
-        rows.append(_row(f"Population worst ({worst})", table[worst]["scores"], [worst], "population"))
-        for name in groups.get("population", ()):
-            rows.append(_row(f"{name} ({table[name]['role']})", table[name]["scores"], [name], "population"))
+        rows.append(row(stock_label(name), "stock", "member", [name]))
+    population = list(groups.get("population", ()))
+    trained = [n for n in population if n not in untrained and table[n]["overall"] is not None]
+    by_role = {key: [n for n in trained if table[n]["role"] in members_roles]
+               for key, members_roles in ROLE_GROUPS.items()}
+    for key, names in by_role.items():
+        if names:
+            rows.append(row(f"{POPULATION_MEAN_LABEL}, {key} ({len(names)})", "population", "mean", names))
+    if trained and all(set(trained) != set(names) for names in by_role.values()):
+        rows.append(row(f"{POPULATION_MEAN_LABEL}, all members ({len(trained)})", "population", "mean", trained))
+    # members of no known role (bare --adapter directories) get a best of their own
+    by_role["members"] = [n for n in trained if not any(table[n]["role"] in r for r in ROLE_GROUPS.values())]
+    selection = _selection(records, select_on, confidence, n_resamples)
+    for key, names in by_role.items():
+        if len(names) < 2:
+            continue
+        if select_on:
+            picked = {n: selection["overall"].get(n) for n in names}
+            missing = [n for n, v in picked.items() if v is None]
+            if missing:
+                raise ValueError(f"members {missing} have no graded sample on the selection benchmarks "
+                                 f"{', '.join(select_on)}")
+            how = f"picked on {', '.join(BENCHMARKS[b].title for b in select_on)}"
+        else:
+            picked = {n: table[n]["overall"] for n in names}
+            how = "picked on these benchmarks: optimistic"
+        best = max(names, key=lambda n: (picked[n], n))
+        rows.append(row(f"Best {ROLE_NOUNS[key]} {best} ({how})", "population", "best", [best]))
+    for name in population:
+        note = f", untrained: {untrained[name]}" if name in untrained else ""
+        rows.append(row(f"{name} ({table[name]['role']}{note})", "population", "member", [name]))
     return {
         "metric": "greedy pass@1 (%)",
+        "confidence": confidence,
+        "n_resamples": n_resamples,
         "benchmarks": list(benchmarks),
         "titles": {b: BENCHMARKS[b].title for b in benchmarks},
         "kinds": {b: BENCHMARKS[b].kind for b in benchmarks},
         "totals": dict(totals or {}),
+        "selection": selection["summary"],
+        "untrained": untrained,
         "members": table,
         "rows": rows,
     }
+
+
+def _selection(records: Sequence[Mapping[str, Any]], select_on: Sequence[str], confidence: float,
+               n_resamples: int) -> dict[str, Any]:
+    """Each member's ``overall`` on the selection benchmarks, and what results.json says about the choice."""
+    if not select_on:
+        return {"overall": {}, "summary": {"benchmarks": [], "held_out": False}}
+    members = sorted({str(r["member"]) for r in records if r["benchmark"] in set(select_on)})
+    scores = {m: member_scores(records, m, select_on) for m in members}
+    return {"overall": {m: s["overall"] for m, s in scores.items()},
+            "summary": {"benchmarks": list(select_on), "held_out": True,
+                        "titles": {b: BENCHMARKS[b].title for b in select_on},
+                        "scores": {m: {**s["scores"], "overall": s["overall"]} for m, s in scores.items()}}}
 
 
 # ------------------------------------------------------------------------------------------ rendering
@@ -159,42 +345,115 @@ def _cell(row: Mapping[str, Any], key: str) -> float | None:
     return row.get(key) if key in AVERAGES else row["scores"].get(key)
 
 
+def _column_n(summary: Mapping[str, Any]) -> dict[str, int]:
+    """The problems behind each column: a benchmark's problem count (``totals``, else the most any row has), and
+    their sum over the benchmarks of an average."""
+    totals = summary.get("totals") or {}
+    n: dict[str, int] = {}
+    for b in summary["benchmarks"]:
+        n[b] = int(totals.get(b) or max((r.get("n", {}).get(b, 0) for r in summary["rows"]), default=0))
+    for key in AVERAGES:
+        parts = [b for b in summary["benchmarks"] if key == "overall"
+                 or summary["kinds"][b] == (CODE if key == "code_avg" else MATH)]
+        n[key] = sum(n[b] for b in parts)
+    return n
+
+
+def _format(row: Mapping[str, Any], key: str, column_n: int | None) -> str:
+    """``55.5 [47.9, 62.9]``; ``(n=12)`` added when the number rests on fewer problems than its column's."""
+    value = _cell(row, key)
+    if value is None:
+        return "-"
+    text = f"{value:.1f}"
+    interval = (row.get("intervals") or {}).get(key)
+    if interval:
+        text += f" [{interval[0]:.1f}, {interval[1]:.1f}]"
+    n = (row.get("n") or {}).get(key)
+    if n is not None and column_n is not None and n != column_n:
+        text += f" (n={n})"
+    return text
+
+
 def table_rows(summary: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """Header and formatted rows (one decimal; '-' for a missing value)."""
+    """Header and formatted rows: one decimal, the interval in brackets; '-' for a missing value. A column's
+    title carries its problem count, a cell its own when it differs (an incomplete evaluation)."""
     cols = _columns(summary)
-    header = ["Model", *(title for _, title in cols)]
-    body = []
-    for row in summary["rows"]:
-        cells = [row["label"]]
-        for key, _ in cols:
-            value = _cell(row, key)
-            cells.append("-" if value is None else f"{value:.1f}")
-        body.append(cells)
+    column_n = _column_n(summary)
+    header = ["Model", *(f"{title} (n={column_n[key]})" if column_n[key] else title for key, title in cols)]
+    body = [[row["label"], *(_format(row, key, column_n[key] or None) for key, _ in cols)] for row in summary["rows"]]
     return header, body
+
+
+def _notes(summary: Mapping[str, Any]) -> list[str]:
+    notes = []
+    if any(row.get("intervals") for row in summary["rows"]):
+        confidence = 100 * summary.get("confidence", CONFIDENCE)
+        resamples = summary.get("n_resamples", N_RESAMPLES)
+        notes.append(f"Brackets: {confidence:g}% intervals. One member on one benchmark: Wilson's binomial interval "
+                     f"over its n problems. Averages over benchmarks and means over members: a percentile bootstrap "
+                     f"over problems ({resamples:,} resamples; each benchmark's problems resampled on their own, one "
+                     "draw for every member of a row, since they answer the same problems).")
+        notes.append("n: the problems a number rests on (a mean over members: the problems each of them answered).")
+    bests = [row for row in summary["rows"] if row.get("kind") == "best"]
+    selection = summary.get("selection") or {}
+    if bests and selection.get("held_out"):
+        titles = ", ".join((selection.get("titles") or {}).get(b, b) for b in selection["benchmarks"])
+        notes.append(f"Best rows: the member of the role with the highest Overall on {titles}, a benchmark not in "
+                     "this table, so their numbers here are not biased by the choice.")
+    elif bests:
+        notes.append("Best rows: the member of the role with the highest Overall on these same benchmarks. The "
+                     "maximum of several noisy scores is biased upward: read them as optimistic (cli.evaluate "
+                     "--select-on BENCH picks on a separate benchmark instead).")
+    untrained = summary.get("untrained") or {}
+    if untrained:
+        listed = "; ".join(f"{name} ({why})" for name, why in untrained.items())
+        notes.append(f"Untrained members, left out of every mean and best: {listed}.")
+    incomplete = [n for n, m in summary["members"].items() if not m.get("complete", True)]
+    if incomplete:
+        notes.append(f"Incomplete (not every problem graded yet): {', '.join(incomplete)}.")
+    return notes
 
 
 def markdown_table(summary: Mapping[str, Any]) -> str:
     header, body = table_rows(summary)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cells) + " |" for cells in body]
-    incomplete = [n for n, m in summary["members"].items() if not m.get("complete", True)]
-    note = f"\n\nIncomplete (not every problem graded yet): {', '.join(incomplete)}." if incomplete else ""
-    return "Greedy pass@1 (%).\n\n" + "\n".join(lines) + note + "\n"
+    notes = _notes(summary)
+    return "Greedy pass@1 (%).\n\n" + "\n".join(lines) + ("\n\n" + "\n\n".join(notes) if notes else "") + "\n"
 
 
 def csv_table(summary: Mapping[str, Any]) -> str:
-    header, body = table_rows(summary)
+    """One line per row: the label, then per column its value, interval ends and problem count."""
+    cols = _columns(summary)
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(header)
-    writer.writerows(body)
+    writer.writerow(["Model", *(f"{title}{suffix}" for _, title in cols for suffix in ("", " low", " high", " n"))])
+
+    def number(value: float | None) -> str:
+        return "" if value is None else f"{value:.1f}"
+
+    for row in summary["rows"]:
+        cells = [row["label"]]
+        for key, _ in cols:
+            interval = (row.get("intervals") or {}).get(key) or (None, None)
+            n = (row.get("n") or {}).get(key)
+            cells += [number(_cell(row, key)), number(interval[0]), number(interval[1]), "" if n is None else str(n)]
+        writer.writerow(cells)
     return buffer.getvalue()
+
+
+def _is_mean_row(row: Mapping[str, Any]) -> bool:
+    """A row the chart draws: a group's mean, or a stock model (older results.json files: by label)."""
+    kind = row.get("kind")
+    if kind is not None:
+        return kind == "mean" or _row_group(row) == "stock"
+    return _row_group(row) != "population" or row["label"] == POPULATION_MEAN_LABEL
 
 
 def bar_chart(summary: Mapping[str, Any], path: str | Path) -> Path:
     """Grouped bars per benchmark and average: base model, PopuLoRA baseline (B1), each stock OpenRLHF model
-    (B2), population mean (whisker: worst to best member per column). Written with matplotlib's Agg backend
-    (no display needed)."""
+    (B2) and the population's means (students, teachers, all members), each with its interval as a whisker.
+    Written with matplotlib's Agg backend (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -204,35 +463,33 @@ def bar_chart(summary: Mapping[str, Any], path: str | Path) -> Path:
     series = []
     for group, colors in (("base", ["#bbbbbb"]), ("baseline", ["#e07b39"]),
                           ("stock", ["#55a868", "#8172b3", "#c44e52", "#937860", "#da8bc3"]),
-                          ("population", ["#3b75af"])):
-        chosen = [r for r in summary["rows"] if _row_group(r) == group
-                  and (group != "population" or r["label"] == POPULATION_MEAN_LABEL)]
+                          ("population", ["#3b75af", "#7fb1de", "#1f3f66"])):
+        chosen = [r for r in summary["rows"] if _row_group(r) == group and _is_mean_row(r)]
         for i, row in enumerate(chosen):
-            series.append((row["label"], colors[i % len(colors)], [_cell(row, k) for k, _ in cols]))
+            series.append((row["label"], colors[i % len(colors)], [_cell(row, k) for k, _ in cols],
+                           [(row.get("intervals") or {}).get(k) for k, _ in cols]))
     if not series:
         raise ValueError("nothing to plot: the summary has no base, baseline, stock or population rows")
-    population = [n for n, m in summary["members"].items() if m["group"] == "population"]
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(cols) + 2), 4.2))
     width = 0.8 / len(series)
-    for s, (label, color, values) in enumerate(series):
+    top = 0.0
+    for s, (label, color, values, intervals) in enumerate(series):
         xs = [c + (s - (len(series) - 1) / 2) * width for c in range(len(cols))]
         heights = [v if v is not None else 0.0 for v in values]
         ax.bar(xs, heights, width, label=label, color=color)
-        if label == POPULATION_MEAN_LABEL and len(population) > 1:
-            lows, highs = [], []
-            for (key, _), mean in zip(cols, heights, strict=True):
-                member_values = [_cell(summary["members"][n], key)
-                                 for n in population]
-                member_values = [v for v in member_values if v is not None] or [mean]
-                lows.append(mean - min(member_values))
-                highs.append(max(member_values) - mean)
-            ax.errorbar(xs, heights, yerr=[lows, highs], fmt="none", ecolor="black", capsize=3, linewidth=1,
-                        label="worst-best member")
+        whiskers = [(x, h, ci) for x, h, ci in zip(xs, heights, intervals, strict=True) if ci]
+        if whiskers:
+            ax.errorbar([x for x, _, _ in whiskers], [h for _, h, _ in whiskers],
+                        yerr=[[max(0.0, h - ci[0]) for _, h, ci in whiskers],
+                              [max(0.0, ci[1] - h) for _, h, ci in whiskers]],
+                        fmt="none", ecolor="black", capsize=2, linewidth=0.8)
+        top = max([top, *heights, *(ci[1] for _, _, ci in whiskers)])
     ax.set_xticks(range(len(cols)))
     ax.set_xticklabels([title for _, title in cols], rotation=30, ha="right")
-    ax.set_ylabel("greedy pass@1 (%)")
-    ax.set_ylim(0, max(5.0, max((v or 0.0) for _, _, vals in series for v in vals) * 1.25))
-    ax.legend(fontsize=8, frameon=False)
+    confidence = 100 * summary.get("confidence", CONFIDENCE)
+    ax.set_ylabel(f"greedy pass@1 (%), {confidence:g}% intervals")
+    ax.set_ylim(0, max(5.0, top * 1.15))
+    ax.legend(fontsize=7, frameon=False)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     out = Path(path)
