@@ -292,7 +292,7 @@ def summarize(
         else:
             picked = {n: table[n]["overall"] for n in names}
             how = "picked on these benchmarks: optimistic"
-        best = max(names, key=lambda n: (picked[n], n))
+        best = max(names, key=lambda n: picked[n])  # a tie goes to the first listed
         rows.append(row(f"Best {ROLE_NOUNS[key]} {best} ({how})", "population", "best", [best]))
     for name in population:
         note = f", untrained: {untrained[name]}" if name in untrained else ""
