@@ -581,6 +581,35 @@ def test_training_all_adapters_together_gives_each_adapter_its_own_gradient():
     assert set(stats) == {"t0", "t1", "s0"} and same_snapshot(before, snapshot(together, "s1"))
 
 
+def test_each_adapter_clips_its_own_gradient():
+    """--actor.max_norm clips every adapter's gradient by its own norm: what reaches adapter a's optimizer is
+    g_a * max_norm / |g_a| (every |g_a| here is far above max_norm), and its grad_norm is |g_a| before the clip.
+    Catches: one clip_grad_norm_ over all adapters together (each would get max_norm * g_a / |g_all|, smaller
+    than max_norm), which the pre-clip gradients() of the test above cannot see."""
+    max_norm = 1e-3
+    engine = make_engine(adapters=("t0", "s0"), max_norm=max_norm)
+    batch = trajectories(engine, ["t0", "s0"], advantages=(1.0, -0.5, 0.25, 0.75))
+    grads = engine.gradients(batch)  # before any clip
+    norms = {name: float(torch.sqrt(sum((g.double() ** 2).sum() for g in grads[name].values())))
+             for name in grads}
+    assert all(norm > 10 * max_norm for norm in norms.values())
+    stepped = {}
+    for name in ("t0", "s0"):
+        optimizer = engine._optimizers[name]
+
+        def step(closure=None, name=name, inner=optimizer.step):  # what AdamW is handed
+            stepped[name] = {k: p.grad.detach().clone() for k, p in engine._adapters[name].items()}
+            return inner(closure)
+
+        optimizer.step = step
+    stats = engine.train_step(batch)
+    for name in ("t0", "s0"):
+        assert stats[name]["grad_norm"] == pytest.approx(norms[name], rel=1e-4)
+        for key, g in grads[name].items():
+            torch.testing.assert_close(stepped[name][key].double(), g.double() * (max_norm / norms[name]),
+                                       rtol=1e-4, atol=1e-12)
+
+
 def test_shared_prompt_training_gives_the_unshared_update():
     results = []
     for share in (True, False):

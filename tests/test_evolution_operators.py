@@ -195,6 +195,27 @@ def test_exact_combinations_match_their_formulas():
     assert all(_rel(_delta(same, pair), _delta(a, pair)) < 1e-5 for pair in pairs)
 
 
+def test_dare_rescales_what_it_keeps_by_one_over_one_minus_p(monkeypatch):
+    """DARE at p > 0: each parent's kept core entries are divided by 1 - p before the weighted sum. The Bernoulli
+    draws are scripted: parent 0's entries all kept (draw 1 >= p), parent 1's all dropped (draw 0 < p), so with
+    equal weights and p = 0.75 the child's delta is exactly 0.5 D_0 / 0.25 = 2 D_0 (rank r, nothing truncated).
+    Catches: DARE without its 1 / (1 - p) rescale (the child would be 0.5 D_0)."""
+    a, b = _adapter(0), _adapter(1)
+    pairs = lora_pairs(a)
+    draws = []
+
+    def scripted_rand(size, generator=None, dtype=None):
+        draws.append(1.0 if len(draws) % 2 == 0 else 0.0)  # one draw per parent, parent 0 first
+        return torch.full(tuple(size), draws[-1], dtype=dtype)
+
+    monkeypatch.setattr(torch, "rand", scripted_rand)
+    child = crossover("dare", [a, b], seed=0, p=0.75)
+    monkeypatch.undo()
+    assert len(draws) == 2 * len(pairs)
+    for pair in pairs:
+        assert _rel(_delta(child, pair), 2 * _delta(a, pair)) < 1e-5
+
+
 def test_task_arithmetic_is_the_scaled_sum_of_the_deltas():
     a, b = _adapter(0), _adapter(1)
     pairs = lora_pairs(a)
