@@ -69,3 +69,23 @@ def test_reward_config_validation():
             bad.validate()
     with pytest.raises(TypeError):
         RewardConfig(remap_zero=1).validate()
+
+
+def test_bad_arguments_are_named_in_the_error():
+    """Catches: error messages that lose what was wrong (mutation testing, scripts/mutation.sh)."""
+    with pytest.raises(ValueError, match=r"mode must be one of .*got 'elo'"):
+        teacher_reward(VALID, 0.5, mode="elo")
+    with pytest.raises(ValueError, match=r"needs a solve rate in \[0, 1\], got 1.5"):
+        teacher_reward(VALID, 1.5)
+    with pytest.raises(ValueError, match="^solve_rate of no answers is undefined$"):
+        solve_rate([])
+    with pytest.raises(TypeError, match="remap_zero must be a bool, got 1"):
+        RewardConfig(remap_zero=1).validate()
+    with pytest.raises(ValueError, match="RewardConfig.wrong must be a finite number, got nan"):
+        RewardConfig(wrong=float("nan")).validate()
+
+
+def test_a_right_answer_must_earn_more_than_a_wrong_one():
+    """correct == wrong would make every answer's advantage 0. Catches: >= for > in the check."""
+    with pytest.raises(ValueError, match=r"correct \(0.5\) must exceed wrong \(0.5\)"):
+        RewardConfig(correct=0.5, wrong=0.5).validate()

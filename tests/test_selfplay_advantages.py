@@ -40,3 +40,22 @@ def test_bad_input_is_rejected():
         whiten_by_group([1.0], ["a", "b"])
     with pytest.raises(ValueError, match="non-finite"):
         whiten_by_group([float("nan"), 1.0], ["a", "a"])
+
+
+def test_a_constant_group_does_not_stop_the_groups_after_it():
+    """Catches: leaving the loop over groups at the first constant group (``break`` for ``continue``)."""
+    adv = whiten_by_group([0.7, 0.7, 1.0, 0.0], ["a", "a", "b", "b"])
+    assert adv == pytest.approx([0.0, 0.0, 1.0, -1.0], rel=1e-5)
+
+
+def test_eps_is_added_to_the_std_and_is_tiny_by_default():
+    """A = (r - mean) / (std + eps). With eps 0.25 and rewards 1, 0 (std 0.5): +-0.5 / 0.75. By default the
+    whitened values are +-1 to 1e-5. Catches: std - eps, and a default eps that is not negligible."""
+    assert whiten_by_group([1.0, 0.0], ["a", "a"], eps=0.25) == pytest.approx([2 / 3, -2 / 3])
+    assert whiten_by_group([1.0, 0.0], ["a", "a"]) == pytest.approx([1.0, -1.0], rel=1e-5)
+
+
+def test_a_non_finite_reward_names_its_group_even_when_alone():
+    """Catches: an error message that reads another member of the group (an IndexError on a group of one)."""
+    with pytest.raises(ValueError, match="group 'g'"):
+        whiten_by_group([1.0, float("inf")], ["f", "g"])
