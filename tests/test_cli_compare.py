@@ -9,10 +9,12 @@ import sys
 import pytest
 
 from openrlhf_populora.cli.compare import main
-from openrlhf_populora.metrics.keys import COMPLEXITY_AXES, META_FILE, METRICS_FILE
+from openrlhf_populora.metrics.keys import META_FILE, METRICS_FILE
+from openrlhf_populora.metrics.signature import CLAIMS
 from openrlhf_populora.metrics.synthetic import write_synthetic_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+BASELINE_ONLY = {"complexity/baseline_falls", "solve_rate/baseline_rises"}
 
 
 @pytest.fixture(scope="module")
@@ -39,43 +41,42 @@ def test_the_designed_signature_is_recovered(compared):
     code, stdout, out = compared
     assert code == 0
     verdicts = verdicts_of(out)
-    for axis in COMPLEXITY_AXES:
-        assert verdicts[f"complexity/{axis}/population_rises"] == "holds"
-        assert verdicts[f"complexity/{axis}/baseline_falls"] == "holds"
-    assert verdicts["solve_rate/baseline_rises"] == "holds"
-    assert verdicts["solve_rate/population_oscillates_more"] == "holds"
-    assert verdicts["coverage/population_ends_higher"] == "holds"
-    assert verdicts["coverage/population_still_adding"] == "holds"
-    assert "14 claims: 14 holds, 0 does not hold, 0 not enough steps" in stdout
+    for claim in ("complexity/population_rises", "complexity/baseline_falls",
+                  "complexity/population_minus_baseline", "solve_rate/baseline_rises"):
+        assert verdicts[claim] == "holds", claim
+    assert list(verdicts) == list(CLAIMS)
+    assert set(verdicts.values()) <= {"holds", "does not hold"}
+    assert "7 claims: " in stdout and "seeds: 1 population, 1 baseline (per-run intervals)" in stdout
 
 
 def test_files_hold_the_same_numbers_as_stdout(compared):
     _, stdout, out = compared
     data = json.loads((out / "compare.json").read_text())
-    assert data["runs"]["population"]["label"] == "P3" and data["runs"]["baseline"]["label"] == "B1"
-    assert data["runs"]["population"]["steps"] == 30
-    loc = data["complexity"]["loc"]["population"]
+    population = data["arms"]["population"][0]
+    assert population["run"]["label"] == "P3" and data["arms"]["baseline"][0]["run"]["label"] == "B1"
+    assert population["run"]["steps"] == 30 and data["seeds"] == {"population": 1, "baseline": 1}
+    loc = population["axes"]["loc"]
     assert loc["lo"] < loc["slope"] < loc["hi"] and loc["n"] == 30
     cell = f"{loc['slope']:+.3g} [{loc['lo']:+.3g}, {loc['hi']:+.3g}] n=30"
     markdown = (out / "compare.md").read_text()
-    assert cell in stdout and f"| loc | {cell} |" in markdown
+    assert cell in stdout and f"| loc | {cell}" in markdown
     assert "P3" in stdout and "B1" in stdout
-    assert data["coverage"]["population"]["overall_end"] > data["coverage"]["baseline"]["overall_end"]
+    coverage = population["coverage"], data["arms"]["baseline"][0]["coverage"]
+    assert data["programs_compared"] == min(c["programs"] for c in coverage)
+    assert f"cells at {data['programs_compared']} programs (rarefied)" in stdout
     assert (out / "compare.png").read_bytes()[:8] == PNG_MAGIC
 
 
 def test_allow_any_labels_roles_a_and_b_and_the_swapped_signature_fails(runs, tmp_path, capsys):
     assert main([str(runs[1]), str(runs[0]), "--allow-any", "--out", str(tmp_path)]) == 0
     stdout = capsys.readouterr().out
-    assert "A rises" in stdout and "B falls" in stdout
+    assert "A complexity rises" in stdout and "B complexity falls" in stdout
     data = json.loads((tmp_path / "compare.json").read_text())
-    assert data["roles"] == {"population": "A", "baseline": "B"} and set(data["runs"]) == {"A", "B"}
+    assert data["roles"] == {"population": "A", "baseline": "B"} and set(data["arms"]) == {"A", "B"}
     verdicts = verdicts_of(tmp_path)
-    for axis in COMPLEXITY_AXES:  # the baseline's complexity falls, the population's rises
-        assert verdicts[f"complexity/{axis}/population_rises"] == "does not hold"
-        assert verdicts[f"complexity/{axis}/baseline_falls"] == "does not hold"
-    assert verdicts["solve_rate/population_oscillates_more"] == "does not hold"
-    assert verdicts["coverage/population_ends_higher"] == "does not hold"
+    for claim in ("complexity/population_rises", "complexity/baseline_falls", "complexity/population_minus_baseline",
+                  "solve_rate/population_oscillates_more", "coverage/population_covers_more"):
+        assert verdicts[claim] == "does not hold", claim
 
 
 def test_a_run_under_ten_steps_gives_not_enough_steps(tmp_path, capsys):
@@ -83,10 +84,58 @@ def test_a_run_under_ten_steps_gives_not_enough_steps(tmp_path, capsys):
     base = write_synthetic_run(tmp_path / "base", mode="baseline", steps=30, seed=1)
     assert main([str(pop), str(base), "--out", str(tmp_path / "out")]) == 0
     verdicts = verdicts_of(tmp_path / "out")
-    baseline_only = {f"complexity/{axis}/baseline_falls" for axis in COMPLEXITY_AXES} | {"solve_rate/baseline_rises"}
     for name, verdict in verdicts.items():  # what uses the population's series cannot be judged
-        assert verdict == ("holds" if name in baseline_only else "not enough steps"), name
+        assert verdict == ("holds" if name in BASELINE_ONLY else "not enough steps"), name
     assert "not enough steps" in capsys.readouterr().out
+
+
+def test_several_seeds_per_arm_are_tested_across_seeds(runs, tmp_path, capsys):
+    # Catches: the seed groups ignored (only the first run of each arm compared), or per-run intervals used.
+    root = tmp_path / "seeds"
+    pops = [write_synthetic_run(root / f"pop{i}", mode="population", steps=20, seed=10 + i) for i in range(3)]
+    bases = [write_synthetic_run(root / f"base{i}", mode="baseline", steps=20, seed=20 + i) for i in range(3)]
+    argv = ["--population", *map(str, pops), "--baseline", *map(str, bases), "--out", str(tmp_path / "out")]
+    assert main(argv) == 0
+    stdout = capsys.readouterr().out
+    assert "seeds: 3 population, 3 baseline (t tests across seeds)" in stdout
+    data = json.loads((tmp_path / "out" / "compare.json").read_text())
+    assert [a["run"]["label"] for a in data["arms"]["population"]] == ["pop0", "pop1", "pop2"]
+    rises = data["verdicts"]["complexity/population_rises"]
+    assert rises["method"] == "t across 3 seeds" and rises["verdict"] == "holds"
+    slopes = [a["composite"]["slope"] for a in data["arms"]["population"]]
+    assert rises["estimate"] == pytest.approx(sum(slopes) / 3)
+    assert data["verdicts"]["complexity/population_minus_baseline"]["method"] == "Welch t, 3 vs 3 seeds"
+    assert "error: give one run per arm" in bad(["--population", *pops, "--baseline", bases[0]], capsys)
+    assert "not both" in bad([pops[0], bases[0], "--population", pops[1], "--baseline", bases[1]], capsys)
+    assert "go together" in bad(["--population", *pops], capsys)
+
+
+def config_yaml(mode: str, reward: str = "auto", lr: float = 2e-5) -> str:
+    return (f"actor:\n  adam: {{lr: {lr}}}\npopulora:\n  mode: {mode}\n  teacher_reward: {reward}\n"
+            f"  num_teachers: 2\n  num_students: 2\n  task_types: [code_o, code_i, code_f]\n")
+
+
+def test_attribution_names_each_arms_rule_shape_and_budget_and_warns_on_other_differences(runs, tmp_path, capsys):
+    # Catches: the reward rule left out of the comparison of the arms (the review's confound: failure rate
+    # against learnability), or a warning for what only the population's shape changes.
+    (runs[0] / "config.yaml").write_text(config_yaml("population"))
+    (runs[1] / "config.yaml").write_text(config_yaml("baseline"))
+    try:
+        assert main([str(runs[0]), str(runs[1])]) == 0
+        captured = capsys.readouterr()
+        assert "reward rule failure_rate (teacher_reward auto); 2 teacher(s) x 2 student(s)" in captured.out
+        assert "reward rule learnability (teacher_reward auto); single agent" in captured.out
+        assert "per adapter and step: 12 proposals, 24 answers (4 tasks x 2 samples x 3 types)" in captured.out
+        assert "teacher reward rule: 'failure_rate' vs 'learnability'" in captured.err
+        (runs[1] / "config.yaml").write_text(config_yaml("baseline", reward="failure_rate"))
+        assert main([str(runs[0]), str(runs[1])]) == 0
+        assert "WARNING" not in capsys.readouterr().out  # the same rule: only the shape differs
+        (runs[1] / "config.yaml").write_text(config_yaml("baseline", reward="failure_rate", lr=1e-5))
+        assert main([str(runs[0]), str(runs[1])]) == 0
+        assert "actor.adam.lr: 2e-05 vs 1e-05" in capsys.readouterr().err
+    finally:
+        for run in runs:
+            (run / "config.yaml").unlink()
 
 
 def bad(argv, capsys):
@@ -141,8 +190,9 @@ def test_different_task_types(runs, tmp_path, capsys):
 
 def test_bad_flags_are_one_line(runs, capsys):
     assert "--smooth" in bad([runs[0], runs[1], "--smooth", "0"], capsys)
+    assert "got 1 run(s)" in bad([runs[0]], capsys)
     with pytest.raises(SystemExit) as exit_info:
-        main([str(runs[0])])
+        main([str(runs[0]), str(runs[1]), "--nonsense"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1

@@ -1,146 +1,219 @@
-"""The signature's statistics on series whose answer is known: slopes, CIs, oscillation, coverage, verdicts."""
+"""The signature's statistics on series whose answer is known: HAC slopes, red noise, oscillation, rarefied
+coverage, the last third, seed-level tests, and the verdicts built on them. Each test names the broken
+implementation it catches."""
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from openrlhf_populora.metrics import signature as sig
+from openrlhf_populora.metrics import signature_stats as st
+from openrlhf_populora.metrics import synthetic as syn
 from openrlhf_populora.metrics.runs import load_run
 from openrlhf_populora.metrics.synthetic import write_synthetic_run
 
-STEPS = np.arange(1, 31, dtype=float)
+STEPS = np.arange(1, 41, dtype=float)
 
 
-def noise(seed: int, scale: float, n: int = 30) -> np.ndarray:
+def noise(seed: int, scale: float, n: int = 40) -> np.ndarray:
     return np.random.default_rng(seed).normal(0.0, scale, n)
 
 
-def test_slope_of_an_exactly_linear_series_is_exact():
+def newey_west_se(xs, ys, lags):
+    """The Newey-West slope standard error by hand: Bartlett weights 1 - l/(L+1), n/(n-2) correction."""
+    x = np.column_stack([np.ones_like(xs), xs])
+    beta = np.linalg.lstsq(x, ys, rcond=None)[0]
+    scores = x * (ys - x @ beta)[:, None]
+    meat = scores.T @ scores
+    for lag in range(1, lags + 1):
+        gamma = scores[lag:].T @ scores[:-lag]
+        meat += (1 - lag / (lags + 1)) * (gamma + gamma.T)
+    bread = np.linalg.inv(x.T @ x)
+    cov = bread @ meat @ bread * len(xs) / (len(xs) - 2)
+    return float(np.sqrt(cov[1, 1]))
+
+
+def test_the_slope_error_is_newey_wests():
+    # Catches: plain OLS standard errors (independent residuals) instead of HAC.
+    ys = 0.02 * STEPS + syn.red_noise(0.7, 40, np.random.default_rng(3))
+    _, slope, se = st.hac_slope(STEPS, ys)
+    assert st.newey_west_lags(40) == 3 and st.newey_west_lags(100) == 4
+    assert se == pytest.approx(newey_west_se(STEPS, ys, 3), rel=1e-9)
+    ols = stats.linregress(STEPS, ys)
+    assert slope == pytest.approx(ols.slope, rel=1e-12) and abs(se - ols.stderr) > 0.1 * ols.stderr
+    trend = st.fit_trend(STEPS, ys)
+    assert trend.hac_half == pytest.approx(stats.t.ppf(0.975, 38) * se, rel=1e-9)
+    assert trend.half == pytest.approx(max(trend.hac_half, trend.red_half))
+
+
+def test_an_exact_line_has_a_zero_width_interval():
     xs = np.array([3, 4, 7, 8, 12, 15, 16, 20, 21, 30], dtype=float)  # gaps: steps with no value
-    trend = sig.fit_trend(xs, 0.37 * xs - 2.5)
-    assert abs(trend.slope - 0.37) < 1e-12 and abs(trend.intercept + 2.5) < 1e-12
-    assert abs(trend.lo - 0.37) < 1e-12 and abs(trend.hi - 0.37) < 1e-12  # no residual: a zero-width CI
+    trend = st.fit_trend(xs, 0.37 * xs - 2.5)
+    assert trend.slope == pytest.approx(0.37, abs=1e-12) and trend.intercept == pytest.approx(-2.5, abs=1e-12)
+    assert trend.lo == pytest.approx(0.37, abs=1e-9) and trend.hi == pytest.approx(0.37, abs=1e-9)
     assert trend.n == 10
-
-
-def test_slope_and_t_interval_match_the_hand_computation():
-    # x mean 3.5, y mean 3.5; Sxy = 19, Sxx = 21 -> slope 19/21; residual sum of squares by hand below
-    xs, ys = [1.0, 2.0, 4.0, 7.0], [2.0, 3.0, 1.0, 8.0]
-    trend = sig.fit_trend(xs, ys)
-    slope = 19 / 21
-    assert abs(trend.slope - slope) < 1e-12
-    assert abs(trend.intercept - (3.5 - slope * 3.5)) < 1e-12
-    fitted = [3.5 + slope * (x - 3.5) for x in xs]
-    rss = sum((y - f) ** 2 for y, f in zip(ys, fitted, strict=True))
-    half = 4.302652729911275 * (rss / 2 / 21) ** 0.5  # t(0.975, df = n - 2 = 2) from a table
-    assert trend.lo == pytest.approx(slope - half, abs=1e-9) and trend.hi == pytest.approx(slope + half, abs=1e-9)
 
 
 def test_non_finite_values_are_dropped_not_used():
     ys = 0.5 * STEPS + noise(3, 0.4)
     holed = ys.copy()
     holed[[4, 17]] = np.nan
-    kept = np.ones(30, bool)
+    kept = np.ones(40, bool)
     kept[[4, 17]] = False
-    assert sig.fit_trend(STEPS, holed) == sig.fit_trend(STEPS[kept], ys[kept])
-    assert sig.fit_trend(STEPS, holed).n == 28
+    assert st.fit_trend(STEPS, holed) == st.fit_trend(STEPS[kept], ys[kept])
+    assert st.fit_trend(STEPS, holed).n == 38
 
 
-def test_rising_falling_and_flat_series_get_their_verdicts():
-    rising = sig.fit_trend(STEPS, 0.02 * STEPS + noise(1, 0.1))
-    falling = sig.fit_trend(STEPS, 1.0 - 0.02 * STEPS + noise(2, 0.1))
-    flat = sig.fit_trend(STEPS, 0.5 + noise(4, 0.1))
-    assert rising.lo > 0 and falling.hi < 0 and flat.lo < 0 < flat.hi
-    assert sig.trend_verdict("r", rising, +1).verdict == sig.HOLDS
-    assert sig.trend_verdict("r", rising, -1).verdict == sig.DOES_NOT_HOLD
-    assert sig.trend_verdict("f", falling, -1).verdict == sig.HOLDS
-    assert sig.trend_verdict("f", falling, +1).verdict == sig.DOES_NOT_HOLD
-    assert sig.trend_verdict("x", flat, +1).verdict == sig.DOES_NOT_HOLD
-    assert sig.trend_verdict("x", flat, -1).verdict == sig.DOES_NOT_HOLD
+def test_red_noise_phi_corrects_the_short_series_bias():
+    # Catches: the plain lag-1 autocorrelation of the detrended residual as phi (biased low at n = 40),
+    # which makes red-noise surrogates too white and lets persistent noise read as trend or oscillation.
+    rng = np.random.default_rng(7)
+    series = [syn.red_noise(0.8, 40, rng) for _ in range(200)]
+    plain = np.mean([st.lag1(st.line_residuals(y[:, None]))[0] for y in series])
+    fitted = np.mean([st.red_noise_phi(st.line_residuals(y[:, None])[:, 0]) for y in series])
+    assert plain < 0.68 and abs(fitted - 0.8) < 0.05
+    white = np.mean([st.red_noise_phi(st.line_residuals(rng.standard_normal((40, 1)))[:, 0]) for _ in range(200)])
+    assert white < 0.1
 
 
-def test_too_few_points_give_not_enough_steps():
-    xs = STEPS[: sig.MIN_POINTS - 1]
-    short = sig.fit_trend(xs, 0.1 * xs)
-    assert short.slope == pytest.approx(0.1)  # computed, but too short for a verdict
-    assert sig.trend_verdict("c", short, +1).verdict == sig.NOT_ENOUGH
-    enough = sig.fit_trend(STEPS[: sig.MIN_POINTS], 0.1 * STEPS[: sig.MIN_POINTS])
-    assert sig.trend_verdict("c", enough, +1).verdict == sig.HOLDS
-    assert sig.trend_verdict("c", sig.fit_trend([], []), +1).verdict == sig.NOT_ENOUGH  # series missing
-    assert sig.fit_trend([1.0, 2.0], [1.0, 3.0]).slope is None  # no CI from two points
-    osc = sig.oscillation(xs, np.sin(xs))
-    assert sig.oscillation_verdict("o", osc, osc).verdict == sig.NOT_ENOUGH
-    assert sig.greater_verdict("g", 0.5, None, (30, 30)).verdict == sig.NOT_ENOUGH
-    assert sig.greater_verdict("g", 0.5, 0.4, (30, 9)).verdict == sig.NOT_ENOUGH
+def test_a_too_persistent_series_cannot_tell_a_trend():
+    # Catches: a trend verdict on one run whatever its persistence (a random walk then "falls" 10-40% of the time).
+    walk = np.cumsum(np.random.default_rng(7).standard_normal(40))
+    trend = st.fit_trend(STEPS, walk)
+    assert trend.phi >= st.MAX_PHI and trend.persistent
+    assert trend.hi < 0  # its interval alone would say "falls"
+    verdict = sig.slope_verdict("f", [trend], -1)
+    assert verdict.verdict == sig.CANNOT_TELL and "seeds" in verdict.detail
+    rising = st.fit_trend(STEPS, 0.05 * STEPS + noise(2, 0.1))
+    assert not rising.persistent and sig.slope_verdict("r", [rising], +1).verdict == sig.HOLDS
+    assert sig.slope_verdict("r", [rising], -1).verdict == sig.DOES_NOT_HOLD
 
 
-def test_oscillation_amplitude_and_period_of_an_exact_sinusoid_on_a_trend():
-    # a steep trend (2 per step) around a small wave: the wave is measured, and tested off the trend
-    ys = 0.3 * np.sin(2 * np.pi * STEPS / 10) + 2.0 * STEPS + 0.2  # period 10 = span / 3, on the grid
-    osc = sig.oscillation(STEPS, ys)
-    assert abs(osc.amplitude - 0.3) < 1e-9 and abs(osc.period - 10) < 1e-9
-    assert osc.p_value == pytest.approx(1 / (sig.OSCILLATION_PERMUTATIONS + 1))
-    line = sig.oscillation(STEPS, 0.01 * STEPS)
-    assert line.amplitude < 1e-12 and line.p_value == 1.0
+def test_an_exact_sinusoid_on_a_trend_is_measured_and_significant():
+    ys = 0.3 * np.sin(2 * np.pi * STEPS / 10) + 2.0 * STEPS + 0.2 + noise(5, 0.01)  # period 10 = span / 4
+    osc = st.oscillation(STEPS, ys, surrogates=199)
+    assert osc.amplitude == pytest.approx(0.3, abs=0.01) and osc.period == pytest.approx(10.0)
+    assert osc.p_value == pytest.approx(1 / 200) and osc.index > 0
+    assert st.oscillation(STEPS, 0.01 * STEPS).p_value == 1.0  # a line has no residual to oscillate
 
 
-def test_one_slow_cycle_over_the_whole_run_is_not_taken_at_full_amplitude():
-    # periods start at span / 1.5 = 20 steps: a single rise and fall (period 30) leaks in only partly
-    osc = sig.oscillation(STEPS, np.sin(2 * np.pi * STEPS / 30))
-    assert osc.period == pytest.approx(20.0) and 0.5 < osc.amplitude < 0.7
+def test_a_curve_that_levels_off_is_not_an_oscillation():
+    # Catches: testing against shuffled (white) residuals: the smooth curvature a straight line leaves
+    # behind then reads as a slow oscillation (p << 0.05); red noise fitted to it absorbs it.
+    xs = np.arange(1, 101, dtype=float)
+    saturating = 0.6 * (1 - np.exp(-xs / 15)) + noise(4, 0.02, 100)
+    osc = st.oscillation(xs, saturating, surrogates=199)
+    assert osc.phi > 0.8 and osc.p_value > 0.2
 
 
-def test_an_oscillating_series_scores_higher_than_a_monotone_one_with_the_same_noise():
-    eps = noise(5, 0.04)
-    wave = sig.oscillation(STEPS, 0.45 + 0.2 * np.sin(STEPS / 3) + eps)
-    mono = sig.oscillation(STEPS, 0.55 + 0.013 * STEPS + eps)
-    assert 0.15 < wave.amplitude < 0.25 and 15 <= wave.period <= 25  # true: 0.2, 2*pi*3 = 18.8 steps
-    assert mono.amplitude < wave.amplitude / 3
-    assert wave.p_value <= 0.002 and mono.p_value > 0.05
-    assert sig.oscillation_verdict("o", wave, mono).verdict == sig.HOLDS
-    assert sig.oscillation_verdict("o", mono, wave).verdict == sig.DOES_NOT_HOLD
-    assert sig.oscillation(STEPS, 0.45 + 0.2 * np.sin(STEPS / 3) + eps) == wave  # seeded: reproducible
+def test_rarefied_cells_by_hand():
+    # Catches: no rarefaction (the distinct cells of all programs): 3 here, not 11/6.
+    # cells [1, 1, 2, 3], m = 2 of N = 4: cell 1 missed with C(2,2)/C(4,2) = 1/6, cells 2, 3 with 3/6
+    assert st.rarefied_cells([1, 1, 2, 3], 2) == pytest.approx(5 / 6 + 0.5 + 0.5)
+    assert st.rarefied_cells([1, 1, 2, 3], 4) == pytest.approx(3.0)
+    assert st.rarefied_cells([1, 1, 2, 3], 9) == pytest.approx(3.0)  # m above N: all of them
+    assert st.rarefied_from_counts([2, 0, 1, 1], 2) == pytest.approx(11 / 6)
 
 
-def test_a_larger_amplitude_that_noise_explains_does_not_hold():
-    a, b = sig.oscillation(STEPS, noise(6, 0.05)), sig.oscillation(STEPS, noise(7, 0.01))
-    assert a.amplitude > b.amplitude and a.p_value >= sig.OSCILLATION_ALPHA
-    verdict = sig.oscillation_verdict("o", a, b)
-    assert verdict.verdict == sig.DOES_NOT_HOLD and "noise" in verdict.detail
+def test_new_cells_are_first_occurrences_in_step_order():
+    # step 1 finds cells 5 and 6; step 2 finds 8 (6 seen); step 3 finds 7 (5 seen)
+    assert st.new_cells([3, 1, 1, 2, 3, 2], [5, 5, 6, 6, 7, 8]) == {1: 2, 2: 1, 3: 1}
 
 
-def test_coverage_counts_and_last_third():
-    assert sig.last_third(range(10)).tolist() == [6, 7, 8, 9]
-    assert sig.last_third(range(9)).tolist() == [6, 7, 8]
-    assert sig.steps_adding([0, 2, 0, 1, -1]) == 2
-    base = dict(points=30, overall_end=0.4, distinct_end=10.0, new_cell_points=30, steps_adding=5,
-                last_third_points=10)
-    assert sig.still_adding_verdict("c", sig.CoverageSummary(**base, last_third_adding=1)).verdict == sig.HOLDS
-    assert sig.still_adding_verdict("c", sig.CoverageSummary(**base, last_third_adding=0)).verdict \
-        == sig.DOES_NOT_HOLD
-    assert sig.greater_verdict("g", 0.4, 0.4, (30, 30)).verdict == sig.DOES_NOT_HOLD
-    assert sig.greater_verdict("g", 0.41, 0.4, (30, 30)).verdict == sig.HOLDS
+def test_last_third():
+    assert sorted(sig.last_third_steps(range(1, 11))) == [7, 8, 9, 10]
+    assert sorted(sig.last_third_steps(range(1, 10))) == [7, 8, 9]
+
+
+def arm(label, n, cells_by_step, composite=None):
+    steps = np.arange(1, n + 1)
+    program_steps = np.array([s for s, cells in cells_by_step.items() for _ in cells], dtype=np.int64)
+    program_cells = np.array([c for cells in cells_by_step.values() for c in cells], dtype=np.int64)
+    flat = np.zeros(n) if composite is None else composite
+    return sig.ArmSeries(label, steps, flat, flat + 0.5, flat + 0.5, {}, program_steps, program_cells)
+
+
+def test_still_adding_counts_the_last_third_only():
+    # Catches: counting new cells over the whole run instead of its last third.
+    # The population finds 12 cells in its first 12 steps, then only known ones; the baseline finds its 4
+    # cells in steps 28-30 (the last third), the same number of programs in all (30 each).
+    pop = arm("p", 30, {s: [s if s <= 12 else 1] for s in range(1, 31)})
+    base = arm("b", 30, {s: [s - 26 if s >= 27 else 1] for s in range(1, 31)})
+    p_stats, b_stats, verdicts = sig.compare_series([pop], [base], surrogates=19)
+    assert p_stats[0].coverage.last_third_new == 0 and p_stats[0].coverage.whole_run_new == 12
+    assert b_stats[0].coverage.last_third_new == 3 and b_stats[0].coverage.whole_run_new == 4
+    assert verdicts["coverage/population_still_adding_more"].verdict == sig.DOES_NOT_HOLD
+    assert verdicts["coverage/population_still_adding_more"].estimate == -3
+
+
+def test_thinning_brings_the_larger_arm_to_the_smaller_count():
+    # Catches: comparing new cells without thinning: twice the programs find more new cells by themselves.
+    pop = arm("p", 30, {s: [100 + 2 * s, 101 + 2 * s] for s in range(1, 31)})  # every program a new cell
+    base = arm("b", 30, {s: [s] for s in range(1, 31)})
+    p_stats, b_stats, _ = sig.compare_series([pop], [base], surrogates=19)
+    assert p_stats[0].coverage.rarefied == pytest.approx(30.0) and b_stats[0].coverage.rarefied == pytest.approx(30.0)
+    # thinned to 30 of its 60 programs, about half of the 20 in its last third remain, each a new cell
+    assert p_stats[0].coverage.last_third_new == pytest.approx(10.0, abs=1.5)
+    assert b_stats[0].coverage.last_third_new == 10 and p_stats[0].coverage.whole_run_new == pytest.approx(30.0)
+
+
+def test_seed_level_intervals_are_t_and_welch():
+    # Catches: a pooled-variance (Student) interval instead of Welch's, or a z instead of a t quantile.
+    a, b = [1.0, 1.4, 0.7], [0.1, -0.5, 0.3, 0.2]
+    welch = st.welch(a, b)
+    ci = stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+    assert (welch.lo, welch.hi) == pytest.approx((ci.low, ci.high), rel=1e-9)
+    one = st.seed_mean(a)
+    ci = stats.ttest_1samp(a, 0.0).confidence_interval(0.95)
+    assert (one.lo, one.hi) == pytest.approx((ci.low, ci.high), rel=1e-9)
+
+
+def test_several_seeds_are_judged_across_seeds_not_within_each():
+    # Catches: judging each seed's own interval (or pooling the runs): two seeds that clearly rise and one that
+    # clearly falls do not make a rise across seeds.
+    cells = {s: [s % 3] for s in range(1, 41)}
+    pops = [arm(f"p{i}", 40, cells, sign * 0.05 * STEPS + noise(i, 0.05)) for i, sign in enumerate((1, 1, -1))]
+    bases = [arm(f"b{i}", 40, cells, noise(10 + i, 0.05)) for i in range(3)]
+    p_stats, _, verdicts = sig.compare_series(pops, bases, surrogates=19)
+    assert all(sig.slope_verdict("x", [s.composite], np.sign(s.composite.slope)).verdict == sig.HOLDS
+               for s in p_stats)
+    rises = verdicts["complexity/population_rises"]
+    assert rises.verdict == sig.DOES_NOT_HOLD and rises.method == "t across 3 seeds"
+    assert rises.estimate == pytest.approx(np.mean([s.composite.slope for s in p_stats]))
+    with pytest.raises(ValueError, match="one run per arm, or at least two"):
+        sig.compare_series(pops, bases[:1])
+
+
+def test_oscillates_more_needs_the_difference_not_a_larger_estimate():
+    # Catches: "holds" on the population's own p alone with a larger point estimate: two arms that oscillate
+    # alike give a positive difference half the time; its interval must then include 0.
+    rng = np.random.default_rng(5)
+    wave = 2.0 * np.sin(2 * np.pi * np.arange(40) / 10)
+    a = st.oscillation(STEPS, wave + syn.red_noise(0.5, 40, rng), surrogates=199)
+    b = st.oscillation(STEPS, wave + syn.red_noise(0.5, 40, rng), surrogates=199, seed=1)
+    first, second = (a, b) if a.index > b.index else (b, a)
+    assert first.p_value < 0.05
+    verdict = sig.oscillation_verdict("o", [first], [second])
+    assert verdict.verdict == sig.DOES_NOT_HOLD and verdict.lo < 0 < verdict.estimate
 
 
 def test_short_runs_compare_with_every_verdict_not_enough_steps(tmp_path):
     pop = load_run(write_synthetic_run(tmp_path / "p", mode="population", steps=sig.MIN_POINTS - 1, seed=2))
     base = load_run(write_synthetic_run(tmp_path / "b", mode="baseline", steps=sig.MIN_POINTS - 1, seed=1))
-    comparison = sig.compare_runs(pop, base, permutations=99)
-    assert len(comparison.verdicts) == 2 * 5 + 4
+    comparison = sig.compare_runs(pop, base, surrogates=19)
+    assert list(comparison.verdicts) == list(sig.CLAIMS)
     assert {v.verdict for v in comparison.verdicts.values()} == {sig.NOT_ENOUGH}
-    assert comparison.complexity["loc"][0].slope is not None  # the numbers are still reported
+    assert comparison.stats[0][0].axes["loc"].slope is not None  # the numbers are still reported
 
 
 def test_text_table_columns_are_aligned(tmp_path):
     pop = load_run(write_synthetic_run(tmp_path / "p", mode="population", steps=12, seed=2))
     base = load_run(write_synthetic_run(tmp_path / "b", mode="baseline", steps=12, seed=1))
-    comparison = sig.compare_runs(pop, base, permutations=99)
-    text = sig.format_text(comparison)
-    lines = text.splitlines()
+    comparison = sig.compare_runs(pop, base, surrogates=19)
+    lines = sig.format_text(comparison).splitlines()
     start = lines.index(next(line for line in lines if line.startswith("axis ")))
-    block = lines[start:start + 6]
-    column = block[0].index("baseline falls")
-    assert all(line[column - 2:column] == "  " and line[column:].strip() in (sig.HOLDS, sig.DOES_NOT_HOLD,
-                                                                          "baseline falls") for line in block)
-    markdown = sig.format_markdown(comparison)
-    rows = [line for line in markdown.splitlines() if line.startswith("| ast_depth")]
-    assert rows and rows[0].count("|") == 6
+    block = lines[start:start + 7]
+    column = block[0].index("baseline ")
+    assert all(line[column - 2:column] == "  " for line in block)
+    rows = [line for line in sig.format_markdown(comparison).splitlines() if line.startswith("| ast_depth")]
+    assert rows and rows[0].count("|") == 5

@@ -1,28 +1,35 @@
 """``python -m openrlhf_populora.cli.compare POP_RUN BASELINE_RUN [--out DIR] [--smooth N] [--labels A B] [--allow-any]``
+``python -m openrlhf_populora.cli.compare --population P1 P2 P3 --baseline B1 B2 B3 [--out DIR] ...``
 
-Prints the paper's signature (Figs 3, 4, 9, 11) for a population run against a baseline run, side by side,
-with a verdict per claim: ``holds``, ``does not hold`` or ``not enough steps`` (fewer than 10 steps with a
-finite value in a series the claim uses, or the series is missing). Either engine's run directories work
-(same schema, ``metrics/keys.py``). The statistics (``metrics/signature.py``), all on the raw series:
+Prints the paper's signature (Figs 3, 4, 9, 11) for population runs against baseline runs, side by side, with
+a verdict per claim: ``holds``, ``does not hold``, ``cannot tell`` (one run too persistent to tell a trend
+from wander) or ``not enough steps`` (fewer than 10 steps with a finite value in a series the claim uses).
+Give one run per arm (positional, as before) or several seeds per arm (``--population ... --baseline ...``,
+at least two each): the claims are then tested across seeds. Either engine's run directories work (same
+schema, ``metrics/keys.py``). The seven claims and their statistics are in ``metrics/signature.py`` and
+``metrics/signature_stats.py``:
 
-1. complexity: for each ``complexity/<axis>``, the ordinary least squares slope per step with a 95%
-   t-based confidence interval (slope +- t(0.975, n-2) x standard error). Claims: the population rises
-   (CI above 0) and the baseline falls (CI below 0), separately per axis.
-2. coverage: ``coverage/overall`` and ``coverage/distinct_programs`` at each run's last step, and how many
-   steps had ``coverage/new_cells`` > 0 (overall, and in the last third of the steps). Claims: the
-   population's coverage ends higher, and the population still adds cells in its last third.
-3. solve-rate oscillation: a sinusoid fitted jointly with a linear trend to ``train/solve_rate`` (the
-   spectral peak of the residual off that trend) over periods of span/k steps, k = 1.5, 2, ... n/2; the
-   measure is the largest amplitude (solve-rate units) with its period, and a p-value from 999 seeded
-   permutations of the residual. Claim: the population's amplitude is larger than the baseline's and
-   significant (p < 0.05). Also the baseline's solve-rate slope; claim: it rises (CI above 0).
-4. trends: the slopes of ``train/validity`` and ``train/solve_rate`` for both runs, reported.
+1. complexity: the slope per step of a composite of the five complexity axes (each standardised, then
+   averaged: one claim, not five correlated ones): the population's rises, the baseline's falls, and the
+   difference of the two slopes lies above 0. Intervals: the wider of Newey-West (HAC) and red noise (AR(1)
+   fitted to the residual); each axis's slope is reported.
+2. coverage: the CVT cells of the valid programs, both arms brought to the smaller arm's number of
+   programs (rarefied, or thinned at random): the population covers more cells, and finds more new cells in
+   the last third of its steps than the baseline in its own.
+3. solve rate: the population's oscillation beyond AR(1) red noise (surrogates) and larger than the
+   baseline's (a difference with its interval); the baseline's slope rises.
+
+Each claim is tested at 5% on its own (calibrated by ``benchmarks/compare_calibration.py``; the README has
+its table). Before the tables it prints each arm's reward rule, population shape and per-adapter budget (from
+each run's ``config.yaml``) and a warning when the arms differ in more than the population's shape: then a
+difference may come from that instead (e.g. the failure-rate reward against AZR's learnability reward: run
+``configs/signature-baseline-failure-rate.yaml`` to take it out).
 
 ``--out DIR`` writes ``compare.md`` (the tables in Markdown), ``compare.json`` (every number and verdict;
-verdict ids are fixed, e.g. ``complexity/loc/population_rises``) and ``compare.png`` (the series with
-their fitted lines; population blue, baseline black). ``--smooth N`` smooths the figure's lines only.
-The first run must be a population run and the second a baseline (``mode`` in ``run_meta.json`` or
-``config.yaml``); ``--allow-any`` compares any two runs, roles then labelled A and B.
+verdict ids are fixed, e.g. ``complexity/population_rises``) and ``compare.png`` (the series with their
+fitted lines; population blue, baseline black). ``--smooth N`` smooths the figure's lines only. The
+population runs must be population runs and the baseline runs baselines (``mode`` in ``run_meta.json`` or
+``config.yaml``); ``--allow-any`` compares any runs, roles then labelled A and B.
 Exit status: 0 when the comparison ran (whatever the verdicts), 2 on bad input (one line on stderr).
 """
 
@@ -46,14 +53,36 @@ ANY_ROLES = ("A", "B")
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="python -m openrlhf_populora.cli.compare", description=__doc__,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("pop_run", type=Path, help="the population run directory")
-    parser.add_argument("baseline_run", type=Path, help="the baseline run directory")
+    parser.add_argument("runs", type=Path, nargs="*", metavar="RUN",
+                        help="POP_RUN BASELINE_RUN: one population run and one baseline run")
+    parser.add_argument("--population", type=Path, nargs="+", default=None, metavar="RUN",
+                        help="the population's runs, one per seed (with --baseline)")
+    parser.add_argument("--baseline", type=Path, nargs="+", default=None, metavar="RUN",
+                        help="the baseline's runs, one per seed (with --population)")
     parser.add_argument("--out", type=Path, default=None, help="write compare.md, compare.json, compare.png here")
     parser.add_argument("--smooth", type=int, default=1, help="trailing moving-average window for the figure")
-    parser.add_argument("--labels", nargs=2, metavar=("A", "B"), default=None, help="labels of the two runs")
+    parser.add_argument("--labels", nargs="+", metavar="LABEL", default=None,
+                        help="one label per run, population's first (default: each run's own)")
     parser.add_argument("--allow-any", action="store_true",
-                        help="compare any two runs (e.g. two populations); roles are then A and B")
+                        help="compare any runs (e.g. two populations); roles are then A and B")
     return parser
+
+
+def run_groups(args) -> tuple[list[Path], list[Path]]:
+    """The population's and the baseline's run directories, from either form of the command line."""
+    if args.population is not None or args.baseline is not None:
+        if args.runs:
+            raise InputError("give the runs either as POP_RUN BASELINE_RUN or with --population/--baseline, not both")
+        if args.population is None or args.baseline is None:
+            raise InputError("--population and --baseline go together")
+        if (len(args.population) == 1) != (len(args.baseline) == 1):
+            raise InputError(f"give one run per arm, or at least two per arm (seed-level tests); got "
+                             f"{len(args.population)} population and {len(args.baseline)} baseline runs")
+        return list(args.population), list(args.baseline)
+    if len(args.runs) != 2:
+        raise InputError(f"expected POP_RUN BASELINE_RUN (or --population ... --baseline ...), got {len(args.runs)} "
+                         "run(s)")
+    return [args.runs[0]], [args.runs[1]]
 
 
 def load(path: Path, label: str | None):
@@ -85,24 +114,92 @@ def check_roles(first, second) -> None:
                              "pass --allow-any to compare two runs of the same mode")
 
 
-def configured_task_types(path: Path) -> list[str] | None:
-    """``populora.task_types`` from the run's ``config.yaml``, or None."""
+def run_config(path: Path) -> dict | None:
+    """The run's ``config.yaml`` as a mapping, or None."""
     try:
         import yaml
 
         data = yaml.safe_load((path / "config.yaml").read_text())
     except Exception:
         return None
+    return data if isinstance(data, dict) else None
+
+
+def configured_task_types(path: Path) -> list[str] | None:
+    """``populora.task_types`` from the run's ``config.yaml``, or None."""
+    data = run_config(path)
     section = data.get("populora") if isinstance(data, dict) else None
     types = section.get("task_types") if isinstance(section, dict) else None
     return list(types) if isinstance(types, list) and all(isinstance(t, str) for t in types) else None
 
 
-def check_task_types(first, second) -> None:
-    found = [set(configured_task_types(r.path) or r.task_types()) for r in (first, second)]
-    if all(found) and found[0] != found[1]:
-        raise InputError(f"the runs played different task types: {first.path}: {', '.join(sorted(found[0]))}; "
-                         f"{second.path}: {', '.join(sorted(found[1]))}")
+def check_task_types(runs) -> None:
+    found = [(r.path, set(configured_task_types(r.path) or r.task_types())) for r in runs]
+    known = [(path, types) for path, types in found if types]
+    for path, types in known[1:]:
+        if types != known[0][1]:
+            raise InputError(f"the runs played different task types: {known[0][0]}: {', '.join(sorted(known[0][1]))}; "
+                             f"{path}: {', '.join(sorted(types))}")
+
+
+# --- attribution: what else differs between the arms ---------------------------------------------------------
+
+# what may differ between the arms without confounding the population: its shape (and what comes with it), the
+# run's own directory, loggers, seed, machine and threads
+SHAPE_KEYS = ("ckpt.", "logger.", "train.seed", "populora.mode", "populora.num_teachers", "populora.num_students",
+              "populora.matchmaking", "populora.rating", "populora.evolution.", "populora.baseline_for",
+              "populora.device", "populora.num_threads", "populora.sandbox.workers", "populora.teacher_reward")
+
+
+def describe_arm(path: Path) -> tuple[str, dict[str, Any]]:
+    """One line on a run's reward rule, shape and per-adapter budget; its settings as dotted keys ({} unknown)."""
+    from openrlhf_populora.config import _flatten, config_from_dict
+
+    data = run_config(path)
+    if data is None:
+        return f"{path}: no readable config.yaml: reward rule, shape and budget unknown", {}
+    config = config_from_dict(data)
+    p = config.populora
+    types = len(p.task_types)
+    shape = ("single agent (one adapter in both roles)" if p.mode == "baseline"
+             else f"{p.num_teachers} teacher(s) x {p.num_students} student(s)")
+    flat = _flatten(config.to_dict())
+    flat["teacher reward rule"] = p.teacher_reward_mode()
+    line = (f"{path}: reward rule {p.teacher_reward_mode()} (teacher_reward {p.teacher_reward}); {shape}; per adapter "
+            f"and step: {p.proposals_per_teacher * types} proposals, {p.solver_tasks * p.solver_samples * types} "
+            f"answers ({p.solver_tasks} tasks x {p.solver_samples} samples x {types} types), "
+            f"{config.train.max_epochs} update(s); {p.total_steps} steps")
+    return line, flat
+
+
+def confounds(first: list[dict[str, Any]], second: list[dict[str, Any]]) -> list[str]:
+    """The settings (outside the population's shape) whose values differ between the two arms' runs."""
+    if not all(first) or not all(second):
+        return []
+    keys = sorted(set().union(*first, *second))
+    out = []
+    for key in keys:
+        if key.startswith(SHAPE_KEYS):
+            continue
+        a = {repr(flat.get(key)) for flat in first}
+        b = {repr(flat.get(key)) for flat in second}
+        if a != b:
+            out.append(f"{key}: {', '.join(sorted(a))} vs {', '.join(sorted(b))}")
+    return out
+
+
+def attribution(roles: tuple[str, str], groups: tuple[list, list]) -> tuple[list[str], list[str]]:
+    """Lines describing each arm, and warnings for every other difference between them."""
+    lines, flats = [], ([], [])
+    for i, role in enumerate(roles):
+        for run in groups[i]:
+            line, flat = describe_arm(run.path)
+            lines.append(f"{role}: {line}")
+            flats[i].append(flat)
+    differences = confounds(*flats)
+    warnings = ([f"the arms differ in more than the population's shape, so a difference between them may come "
+                 f"from these too: {'; '.join(differences)}"] if differences else [])
+    return lines, warnings
 
 
 def json_safe(value: Any) -> Any:
@@ -113,17 +210,21 @@ def json_safe(value: Any) -> Any:
         return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
+    if hasattr(value, "tolist"):
+        return json_safe(value.tolist())
     return value
 
 
-def write_outputs(out: Path, first, second, comparison, smooth: int) -> None:
+def write_outputs(out: Path, comparison, smooth: int, header: list[str]) -> None:
     from openrlhf_populora.metrics.signature import comparison_figure, format_markdown
 
     out.mkdir(parents=True, exist_ok=True)
-    (out / "compare.md").write_text(format_markdown(comparison), encoding="utf-8")
-    data = json_safe(comparison.to_dict())
+    markdown = format_markdown(comparison).split("\n", 2)
+    markdown.insert(2, "\n".join(f"- {line}" for line in header) + "\n")
+    (out / "compare.md").write_text("\n".join(markdown), encoding="utf-8")
+    data = json_safe({**comparison.to_dict(), "attribution": header})
     (out / "compare.json").write_text(json.dumps(data, indent=1, allow_nan=False) + "\n", encoding="utf-8")
-    comparison_figure(first, second, comparison, smooth=smooth).savefig(out / "compare.png", dpi=110)
+    comparison_figure(comparison, smooth=smooth).savefig(out / "compare.png", dpi=110)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,25 +232,36 @@ def main(argv: list[str] | None = None) -> int:
     if args.smooth < 1:
         print("error: --smooth must be >= 1", file=sys.stderr)
         return 2
-    labels = args.labels or (None, None)
     try:
-        first, second = load(args.pop_run, labels[0]), load(args.baseline_run, labels[1])
+        paths = run_groups(args)
+        count = len(paths[0]) + len(paths[1])
+        if args.labels is not None and len(args.labels) != count:
+            raise InputError(f"--labels: got {len(args.labels)} label(s) for {count} runs")
+        labels = iter(args.labels or [None] * count)
+        groups = ([load(p, next(labels)) for p in paths[0]], [load(p, next(labels)) for p in paths[1]])
         if not args.allow_any:
-            check_roles(first, second)
-        check_task_types(first, second)
+            for first in groups[0]:
+                for second in groups[1]:
+                    check_roles(first, second)
+        check_task_types([*groups[0], *groups[1]])
     except InputError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     from openrlhf_populora.metrics.signature import compare_runs, format_text
 
-    for run in (first, second):
+    for run in (*groups[0], *groups[1]):
         for warning in run.warnings:
             print(f"warning: {run.label}: {warning}", file=sys.stderr)
-    comparison = compare_runs(first, second, roles=ANY_ROLES if args.allow_any else ROLES)
-    print(format_text(comparison), end="")
+    roles = ANY_ROLES if args.allow_any else ROLES
+    header, warnings = attribution(roles, groups)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    comparison = compare_runs(groups[0], groups[1], roles=roles)
+    text = format_text(comparison).split("\n", 1)
+    print("\n".join([text[0], *header, *(f"WARNING: {w}" for w in warnings), text[1]]), end="")
     if args.out is not None:
         try:
-            write_outputs(args.out, first, second, comparison, args.smooth)
+            write_outputs(args.out, comparison, args.smooth, header + [f"WARNING: {w}" for w in warnings])
         except OSError as err:
             print(f"error: cannot write to {args.out}: {err}", file=sys.stderr)
             return 2

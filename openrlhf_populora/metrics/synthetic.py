@@ -1,7 +1,8 @@
 """Synthetic run directories in the tracker's schema, for tests and the report's ``--synthetic`` smoke mode.
 
 The numbers only imitate the paper's qualitative picture (baseline: solve rate up, complexity down;
-population: oscillating solve rates, rising complexity, expanding coverage, members replaced by evolution).
+population: solve rates oscillating with a period of 7 steps, rising complexity, inputs growing with the
+step so coverage keeps expanding, members replaced by evolution).
 They are written through ``Tracker``, so they exercise the real schema.
 """
 
@@ -10,6 +11,8 @@ from __future__ import annotations
 import math
 import random
 from pathlib import Path
+
+import numpy as np
 
 from openrlhf_populora.metrics.complexity import program_complexity
 from openrlhf_populora.metrics.keys import (
@@ -77,7 +80,7 @@ def write_synthetic_run(run_dir: str | Path, mode: str = "population", steps: in
             if baseline:
                 solve_base, level = 0.55 + 0.4 * frac, max(1, round(5 - 4 * frac))
             else:
-                solve_base, level = 0.45 + 0.2 * math.sin(step / 3.0), 2 + round(6 * frac)
+                solve_base, level = 0.45 + 0.2 * math.sin(2 * math.pi * step / 7), 2 + round(6 * frac)
             m: dict[str, float] = {}
             student_rates, teacher_valid = {}, {}
             for s in students:
@@ -150,8 +153,11 @@ def write_synthetic_run(run_dir: str | Path, mode: str = "population", steps: in
                 for _ in range(problems_per_step):
                     tt = rng.choice(task_types)
                     code = synthetic_program(max(0, level + rng.randint(-1, 1)), rng)
-                    record = {"teacher": t, "task_type": tt, "program": code, "inputs": [str(rng.randint(0, 50))],
-                              "outputs": ["0"], "valid": rng.random() < 0.85, "reward": rng.random()}
+                    # the population's inputs and outputs grow with the step: its programs keep reaching new cells
+                    inputs = [str(rng.randint(0, 50)) * (1 if baseline else step * step)]
+                    outputs = ["0" * (1 if baseline else step * len(teachers))]
+                    record = {"teacher": t, "task_type": tt, "program": code, "inputs": inputs,
+                              "outputs": outputs, "valid": rng.random() < 0.85, "reward": rng.random()}
                     if rng.random() < 0.5:  # older runs may lack precomputed complexity
                         record["complexity"] = program_complexity(code)
                     problems.append(record)
@@ -175,3 +181,94 @@ def write_synthetic_run(run_dir: str | Path, mode: str = "population", steps: in
             with open(run_dir / name, "a", encoding="utf-8") as f:
                 f.write(f'{{"step": {steps + 1}, "train/solve_rate": 0.5, "train/vali')
     return run_dir
+
+
+# --- series for calibrating cli.compare's verdicts (benchmarks/compare_calibration.py, its CI test) ------------
+#
+# Each draw makes the arrays the signature's statistics read (``signature.ArmSeries``) for a population and a
+# baseline arm, one or more seeds each. Noise has unit stationary standard deviation; a step's programs fall in
+# CVT cells ``floor(Exponential(scale))``, so cells keep being found ever more slowly, and a larger scale
+# spreads programs over more cells. The population proposes ``POPULATION_TEACHERS`` times as many programs a
+# step as the baseline, as a 2-teacher population does.
+
+NULLS = ("iid", "ar0.5", "ar0.8", "ar0.95", "random_walk", "saturating", "same_signal")
+PLANTED = "planted"
+BASELINE_PROGRAMS = 6  # valid programs a step (the committed CPU baseline made 5.4)
+POPULATION_TEACHERS = 2
+CELL_SCALE = 3.0
+# the planted signature, in units of the noise's standard deviation (README, "calibration")
+PLANTED_CHANGE = 3.0  # complexity: total change over the run (population up, baseline down)
+PLANTED_AMPLITUDE = 2.0  # solve-rate oscillation amplitude, period n / 4
+PLANTED_CELL_RATIO = 1.5  # population cell scale / baseline's (coverage at equal programs)
+
+
+def red_noise(phi: float, n: int, rng) -> np.ndarray:
+    """AR(1) noise with unit stationary standard deviation (``phi`` 0: white noise)."""
+    from openrlhf_populora.metrics.signature_stats import ar1_series
+
+    return ar1_series(phi, n, 1, rng)[:, 0] * np.sqrt(1 - phi * phi)
+
+
+def noise_series(kind: str, n: int, rng) -> np.ndarray:
+    """A null's noise: ``iid``, ``ar<phi>``, ``random_walk`` (unit steps); anything else: AR(1) phi 0.5."""
+    if kind == "iid":
+        return rng.standard_normal(n)
+    if kind == "random_walk":
+        return np.cumsum(rng.standard_normal(n))
+    if kind.startswith("ar"):
+        return red_noise(float(kind[2:]), n, rng)
+    return red_noise(0.5, n, rng)
+
+
+def synthetic_arm(label: str, n: int, composite, solve_rate, programs_per_step: int, cell_scale, rng):
+    """An ``ArmSeries`` of ``n`` steps; ``cell_scale`` is a number or one per step."""
+    from openrlhf_populora.metrics.signature import ArmSeries
+
+    steps = np.arange(1, n + 1)
+    scales = np.broadcast_to(np.asarray(cell_scale, dtype=float), (n,))
+    program_steps = np.repeat(steps, programs_per_step)
+    cells = np.floor(rng.exponential(np.repeat(scales, programs_per_step))).astype(np.int64)
+    return ArmSeries(label, steps, np.asarray(composite, float), 0.3 + 0.05 * np.asarray(solve_rate, float),
+                     0.5 + 0.05 * noise_series("iid", n, rng), {}, program_steps, cells)
+
+
+def calibration_arms(kind: str, n: int, seeds: int, rng) -> tuple[list, list]:
+    """``(population, baseline)`` lists of ``seeds`` ArmSeries each, for a null of ``NULLS`` or ``PLANTED``.
+
+    Nulls: both arms' series are the named noise (``saturating``: the population's rise ``3 (1 - exp(-6 t/n))``
+    and level off, the baseline's rise linearly by as much; ``same_signal``: both arms rise by
+    ``PLANTED_CHANGE``, oscillate by ``PLANTED_AMPLITUDE`` and keep finding cells alike), with the same
+    coverage process. ``PLANTED``: the population's complexity rises and the baseline's falls by
+    ``PLANTED_CHANGE``, the population's solve rate oscillates by ``PLANTED_AMPLITUDE`` while the baseline's
+    rises by ``PLANTED_CHANGE``, and the population's programs spread over ``PLANTED_CELL_RATIO`` times the
+    cell scale, growing to twice that by the end (still adding), noise AR(1) phi 0.5."""
+    t = np.arange(n) / (n - 1)
+    wave = PLANTED_AMPLITUDE * np.sin(2 * np.pi * np.arange(n) / (n / 4))
+    many = BASELINE_PROGRAMS * POPULATION_TEACHERS
+    arms: tuple[list, list] = ([], [])
+    for seed in range(seeds):
+        noise = [noise_series(kind, n, rng) for _ in range(4)]
+        if kind == PLANTED:
+            pop = (PLANTED_CHANGE * t + noise[0], wave + noise[1], CELL_SCALE * PLANTED_CELL_RATIO * (1 + t))
+            base = (-PLANTED_CHANGE * t + noise[2], PLANTED_CHANGE * t + noise[3], CELL_SCALE)
+        elif kind == "saturating":
+            rise = 3.0 * (1 - np.exp(-6 * t))
+            pop = (rise + noise[0], rise + noise[1], CELL_SCALE)
+            base = (3.0 * t + noise[2], 3.0 * t + noise[3], CELL_SCALE)
+        elif kind == "same_signal":
+            pop = (PLANTED_CHANGE * t + noise[0], wave + noise[1], CELL_SCALE * (1 + t))
+            base = (PLANTED_CHANGE * t + noise[2], wave + noise[3], CELL_SCALE * (1 + t))
+        else:
+            pop, base = (noise[0], noise[1], CELL_SCALE), (noise[2], noise[3], CELL_SCALE)
+        arms[0].append(synthetic_arm(f"population-{seed}", n, *pop[:2], many, pop[2], rng))
+        arms[1].append(synthetic_arm(f"baseline-{seed}", n, *base[:2], BASELINE_PROGRAMS, base[2], rng))
+    return arms
+
+
+def false_claims(kind: str) -> tuple[str, ...]:
+    """The claims (``signature.CLAIMS``) that are false under a null: a "holds" on one is a false positive."""
+    from openrlhf_populora.metrics.signature import CLAIMS
+
+    true = {"saturating": {"complexity/population_rises", "solve_rate/baseline_rises"},
+            "same_signal": {"complexity/population_rises", "solve_rate/baseline_rises"}}.get(kind, set())
+    return tuple(c for c in CLAIMS if c not in true)
