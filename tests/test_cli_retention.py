@@ -350,3 +350,57 @@ def test_an_interrupted_child_resumes_exactly(study, tmp_path, monkeypatch, caps
     assert sorted(resumed) == [1, 2, 3]
     for s in straight:
         assert resumed[s] == pytest.approx(straight[s], rel=1e-6, abs=1e-9), s
+
+
+# --- the table's intervals and recovery (pure functions: no study to run) -----------------------------------------
+
+def test_recovery_needs_the_child_to_stay_within_tolerance():
+    """Catches: "recovers at" as the first step that touches the tolerance (here step 1, before it falls back)."""
+    from openrlhf_populora.metrics.retention import recovery_step
+
+    reference = [None, 1.0, 1.0, 1.0, 1.0, 1.0]
+    assert recovery_step([None, 0.95, 0.5, 0.95, 1.0, 0.92], reference, 0.1) == 3
+    assert recovery_step([None, 0.95, 0.95, 0.95, 0.95, 0.5], reference, 0.1) is None  # fell back at the end
+    assert recovery_step([None, 0.95, None, 0.5, 0.95, 0.95], reference, 0.1) == 4
+    assert recovery_step([None, 1.0, 1.0], [None, 1.0, 1.0], 0.0) == 1
+
+
+def test_a_step_is_resampled_from_its_own_answers():
+    """Catches: no answer-level resampling (a zero-width interval) or the wrong number of answers: 16 answers at a
+    rate of 0.5 give Binomial(16, 0.5) / 16, whose 2.5% and 97.5% quantiles are 4/16 and 12/16."""
+    import numpy as np
+
+    from openrlhf_populora.metrics.retention import percentile_interval, resampled_curves
+
+    draws = resampled_curves([None, 0.5, 0.5], 16, 1, np.random.default_rng(0), bootstraps=4000)
+    assert np.isnan(draws[:, 0]).all()
+    assert percentile_interval(draws[:, 1]) == [0.25, 0.75]
+    assert resampled_curves([0.5], None, 1, np.random.default_rng(0)) is None  # no count: no interval
+
+
+def test_the_mean_over_snapshots_resamples_the_snapshots():
+    """Catches: averaging the snapshots' draws without resampling the snapshots: two snapshots at 0.5 and 1.5
+    then give [1, 1]; resampled, a draw may take either one twice."""
+    import numpy as np
+
+    from openrlhf_populora.metrics.retention import percentile_interval, snapshot_mean_draws
+
+    draws = snapshot_mean_draws([np.full(2000, 0.5), np.full(2000, 1.5)], np.random.default_rng(1))
+    assert set(np.unique(draws)) == {0.5, 1.0, 1.5}
+    assert percentile_interval(draws) == [0.5, 1.5]
+
+
+def test_the_table_shows_the_seeds_and_the_intervals():
+    from openrlhf_populora.metrics.retention import format_markdown
+
+    row = {"operator": "gaussian", "code": "M1", "snapshot": 10, "finished": True, "steps_done": 8, "seed": 42,
+           "values": {"solve_rate": {"8": 0.1}}, "fraction_of_copy": {"8": 0.8},
+           "fraction_of_copy_ci": {"8": [0.4, 1.6]}, "recovery_step": None,
+           "delta_distance": {"start": 0.07, "end": 0.9}, "logprob_vs_parent_start": -0.01,
+           "logprob_vs_copy_end": 0.0}
+    table = {"role": "student", "metric": "solve_rate", "at": [8], "tolerance": 0.1, "smooth": 5, "steps": 8,
+             "reference": "copy_parent", "seeds": [42], "bootstraps": 1000, "rows": [row],
+             "summary": [{"operator": "gaussian", "code": "M1", "snapshots": [10], "mean_fraction_of_copy": {"8": 0.8},
+                          "mean_fraction_of_copy_ci": {"8": [0.4, 1.6]}, "recovery_steps": [None]}]}
+    text = format_markdown(table)
+    assert "**Seeds: 1** (42)" in text and "| 0.1 | 0.8 [0.4, 1.6] | – |" in text and "| 0.8 [0.4, 1.6] | – |" in text

@@ -33,7 +33,7 @@ them (on step S + k's samples, i.e. before its update), and the retention measur
 retraining steps, at retraining steps ``at``; its fraction of ``copy_parent``'s at the same snapshot and step
 (the parent retrained in the same conditions, fresh optimizer included); the **recovery step**, the first
 retraining step at which the child's smoothed metric is within ``tolerance`` (relative) of copy_parent's,
-``child >= ref - tolerance * |ref|``; the delta distance to the first parent at the start and the end; and
+``child >= ref - tolerance * |ref|`` at that step and every later one; the delta distance to the first parent at the start and the end; and
 the first parent's samples' log-prob under the child, at the start against the parent's own (0 for
 copy_parent) and at the end against copy_parent's.
 """
@@ -233,14 +233,23 @@ def _at(values: list[float | None], k: int) -> float | None:
     return values[k] if 0 <= k < len(values) else None
 
 
+def within(child: float | None, reference: float | None, tolerance: float) -> bool:
+    """``child >= reference - tolerance * |reference|`` (False when either is missing)."""
+    return child is not None and reference is not None and child >= reference - tolerance * abs(reference)
+
+
 def recovery_step(child: Sequence[float | None], reference: Sequence[float | None], tolerance: float) -> int | None:
-    """The first retraining step k >= 1 with ``child[k] >= reference[k] - tolerance * |reference[k]|`` (both
-    given, usually smoothed); None when there is none."""
-    for k in range(1, min(len(child), len(reference))):
-        c, r = child[k], reference[k]
-        if c is not None and r is not None and c >= r - tolerance * abs(r):
-            return k
-    return None
+    """The first retraining step k >= 1 from which the child STAYS within ``tolerance`` of the reference at every
+    later step where both are given (usually smoothed): ``child[j] >= reference[j] - tolerance * |reference[j]|``
+    for all j >= k. None when it is not within at its last such step (a child that touches the tolerance once
+    and falls back has not recovered)."""
+    steps = [k for k in range(1, min(len(child), len(reference))) if child[k] is not None and reference[k] is not None]
+    recovered = None
+    for k in reversed(steps):
+        if not within(child[k], reference[k], tolerance):
+            break
+        recovered = k
+    return recovered
 
 
 def _ratio(value: float | None, reference: float | None) -> float | None:
@@ -251,6 +260,72 @@ def _ratio(value: float | None, reference: float | None) -> float | None:
 
 def _difference(value: float | None, reference: float | None) -> float | None:
     return None if value is None or reference is None else value - reference
+
+
+BOOTSTRAPS = 1000
+CI_LEVEL = 0.95
+
+
+def answers_per_step(child: Child, role: str) -> int | None:
+    """How many answers (a student) or proposals (a teacher) the role's metric averages at each step, from the
+    child's ``config.yaml``: solver_tasks x solver_samples x task types, or proposals_per_teacher x task types."""
+    try:
+        import yaml
+
+        section = yaml.safe_load((child.path / "config.yaml").read_text()).get("populora", {})
+        types = len(section["task_types"])
+        if role == "student":
+            return int(section["solver_tasks"]) * int(section["solver_samples"]) * types
+        return int(section["proposals_per_teacher"]) * types
+    except (OSError, KeyError, TypeError, AttributeError, ValueError):
+        return None
+
+
+def run_seed(child: Child) -> int | None:
+    """The child's ``train.seed`` (its ``config.yaml``), None when unknown."""
+    try:
+        import yaml
+
+        return int(yaml.safe_load((child.path / "config.yaml").read_text())["train"]["seed"])
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+
+
+def resampled_curves(values: Sequence[float | None], answers: int | None, window: int, rng: np.random.Generator,
+                     bootstraps: int = BOOTSTRAPS) -> np.ndarray | None:
+    """(bootstraps x steps): each step's rate re-drawn as its ``answers`` answers resampled with replacement
+    (``Binomial(answers, rate) / answers``: the bootstrap of 0/1 outcomes), then the trailing mean over
+    ``window`` steps; NaN where a value is missing. None without a count of answers."""
+    if not answers:
+        return None
+    rates = np.array([np.nan if v is None else min(max(v, 0.0), 1.0) for v in values])
+    draws = rng.binomial(answers, np.nan_to_num(rates)[None, :], size=(bootstraps, len(rates))) / answers
+    draws[:, np.isnan(rates)] = np.nan
+    out = np.full_like(draws, np.nan)
+    for k in range(len(rates)):
+        part = draws[:, max(0, k - window + 1):k + 1]
+        seen = np.isfinite(part).any(axis=1)
+        out[seen, k] = np.nanmean(part[seen], axis=1)
+    return out
+
+
+def ratio_draws(child: np.ndarray | None, reference: np.ndarray | None, k: int) -> np.ndarray | None:
+    """The child's resampled value at step k over the reference's (NaN where the reference is 0 or missing)."""
+    if child is None or reference is None or k >= child.shape[1]:
+        return None
+    ref = reference[:, k]
+    return np.where(ref > 0, child[:, k] / np.where(ref > 0, ref, 1.0), np.nan)
+
+
+def percentile_interval(draws: np.ndarray | None, level: float = CI_LEVEL) -> list[float] | None:
+    """The central ``level`` percentile interval of the finite draws (None when fewer than half are finite)."""
+    if draws is None:
+        return None
+    finite = draws[np.isfinite(draws)]
+    if len(finite) < len(draws) / 2:
+        return None
+    lo, hi = np.quantile(finite, [0.5 - level / 2, 0.5 + level / 2])
+    return [float(lo), float(hi)]
 
 
 def table_steps(steps: int, at: Sequence[int] | None) -> list[int]:
@@ -269,25 +344,33 @@ def retention_table(study: Study, at: Sequence[int] | None = None, tolerance: fl
     metrics = ROLE_METRICS[study.role]
     metric = metrics[0]
     probe_refs = _probe_references(study)
-    rows = []
+    rng = np.random.default_rng(0)
+    rows, draws = [], {}  # draws: (operator, snapshot) -> {k: the ratio's bootstrap draws}
     for snapshot in study.snapshots():
         reference = study.child(REFERENCE, snapshot)
         ref_curve = trailing_mean(study.child_series(reference, metric), smooth) if reference else []
         ref_logprob = reference.series(logprob_key(0), study.steps) if reference else []
+        ref_draws = (resampled_curves(study.child_series(reference, metric), answers_per_step(reference, study.role),
+                                      smooth, rng) if reference else None)
         for operator in study.operators():
             child = study.child(operator, snapshot)
             if child is None:
                 continue
             curves = {m: trailing_mean(study.child_series(child, m), smooth) for m in metrics}
+            child_draws = (ref_draws if operator == REFERENCE else resampled_curves(
+                study.child_series(child, metric), answers_per_step(child, study.role), smooth, rng))
+            draws[(operator, snapshot)] = {k: ratio_draws(child_draws, ref_draws, k) for k in ks}
             distance = child.series(distance_key(0), study.steps)
             logprob = child.series(logprob_key(0), study.steps)
             done = [k for k in range(1, study.steps + 1) if child.records.get(snapshot + k)]
             last = max(done, default=0)
             rows.append({
                 "operator": operator, "code": child.code, "kind": child.kind, "snapshot": snapshot,
-                "finished": child.finished, "steps_done": last,
+                "finished": child.finished, "steps_done": last, "seed": run_seed(child),
+                "answers_per_step": answers_per_step(child, study.role),
                 "values": {m: {str(k): _at(curves[m], k) for k in ks} for m in metrics},
                 "fraction_of_copy": {str(k): _ratio(_at(curves[metric], k), _at(ref_curve, k)) for k in ks},
+                "fraction_of_copy_ci": {str(k): percentile_interval(draws[(operator, snapshot)][k]) for k in ks},
                 "recovery_step": recovery_step(curves[metric], ref_curve, tolerance) if reference else None,
                 "delta_distance": {"start": _at(distance, 0), "end": _at(distance, last)},
                 "logprob_vs_parent_start": _difference(_at(logprob, 0), probe_refs.get(snapshot)),
@@ -297,15 +380,29 @@ def retention_table(study: Study, at: Sequence[int] | None = None, tolerance: fl
     summary = []
     for operator in study.operators():
         mine = [r for r in rows if r["operator"] == operator]
-        fractions = {}
+        fractions, intervals = {}, {}
         for k in ks:
             values = [r["fraction_of_copy"][str(k)] for r in mine if r["fraction_of_copy"][str(k)] is not None]
             fractions[str(k)] = float(np.mean(values)) if values else None
+            intervals[str(k)] = percentile_interval(
+                snapshot_mean_draws([draws[(operator, r["snapshot"])][k] for r in mine], rng))
         summary.append({"operator": operator, "code": mine[0]["code"] if mine else operator,
                         "snapshots": [r["snapshot"] for r in mine], "mean_fraction_of_copy": fractions,
-                        "recovery_steps": [r["recovery_step"] for r in mine]})
+                        "mean_fraction_of_copy_ci": intervals, "recovery_steps": [r["recovery_step"] for r in mine]})
+    seeds = sorted({r["seed"] for r in rows if r["seed"] is not None})
     return {"role": study.role, "metric": metric, "metrics": list(metrics), "at": ks, "tolerance": tolerance,
-            "smooth": smooth, "steps": study.steps, "reference": REFERENCE, "rows": rows, "summary": summary}
+            "smooth": smooth, "steps": study.steps, "reference": REFERENCE, "seeds": seeds,
+            "bootstraps": BOOTSTRAPS, "rows": rows, "summary": summary}
+
+
+def snapshot_mean_draws(per_snapshot: Sequence[np.ndarray | None], rng: np.random.Generator) -> np.ndarray | None:
+    """Bootstrap draws of the mean over snapshots: each draw picks the snapshots with replacement and takes the
+    mean of their own (answer-level) draws at the same index."""
+    if not per_snapshot or any(d is None for d in per_snapshot):
+        return None
+    stacked = np.stack(per_snapshot)  # snapshots x bootstraps
+    picks = rng.integers(0, len(stacked), size=stacked.shape[::-1])  # bootstraps x snapshots
+    return np.nanmean(stacked[picks, np.arange(stacked.shape[1])[:, None]], axis=1)
 
 
 def _probe_references(study: Study) -> dict[int, float]:
@@ -328,12 +425,23 @@ def _fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
+def _ci(interval: Sequence[float] | None) -> str:
+    return "" if not interval else f" [{interval[0]:.2g}, {interval[1]:.2g}]"
+
+
 def format_markdown(table: Mapping[str, Any]) -> str:
     metric, ks, tol = table["metric"], table["at"], table["tolerance"]
+    seeds = table.get("seeds", [])
     lines = ["# Operator retention", "",
              f"Role: {table['role']}; metric: `{metric}` (trailing mean over {table['smooth']} retraining steps); "
-             f"reference: `{table['reference']}`; recovery: the first retraining step with the child's metric "
-             f">= copy_parent's - {tol:g} x |copy_parent's|; {table['steps']} retraining steps.", "",
+             f"reference: `{table['reference']}`; recovery: the first retraining step from which the child's metric "
+             f"stays >= copy_parent's - {tol:g} x |copy_parent's| to the last step; {table['steps']} retraining steps.",
+             "",
+             f"**Seeds: {len(seeds)}** ({', '.join(map(str, seeds)) or 'unknown'}): every number comes from one "
+             f"run of each child. Intervals [95%]: {table.get('bootstraps', BOOTSTRAPS)} bootstrap resamples of each "
+             "step's answers (a step's rate re-drawn from its own answers, child and copy_parent alike), and for "
+             "the means over snapshots, of the snapshots too. They hold for this seed's children; seed-to-seed "
+             "variation is not in them.", "",
              "| operator | code | snapshot | " + " | ".join(f"{metric} @{k} | ÷copy @{k}" for k in ks)
              + " | recovers at | ΔW dist. start | ΔW dist. end | Δlogp start vs parent | Δlogp end vs copy |"
              + " steps run |",
@@ -341,7 +449,8 @@ def format_markdown(table: Mapping[str, Any]) -> str:
     for r in table["rows"]:
         cells = []
         for k in ks:
-            cells += [_fmt(r["values"][metric][str(k)]), _fmt(r["fraction_of_copy"][str(k)])]
+            ci = _ci(r.get("fraction_of_copy_ci", {}).get(str(k)))
+            cells += [_fmt(r["values"][metric][str(k)]), _fmt(r["fraction_of_copy"][str(k)]) + ci]
         run = f"{r['steps_done']}" + ("" if r["finished"] else " (unfinished)")
         lines.append(f"| {r['operator']} | {r['code']} | {r['snapshot']} | " + " | ".join(cells) + " | "
                      f"{_fmt(r['recovery_step'])} | {_fmt(r['delta_distance']['start'])} | "
@@ -351,13 +460,14 @@ def format_markdown(table: Mapping[str, Any]) -> str:
               "| operator | code | snapshots | " + " | ".join(f"mean ÷copy @{k}" for k in ks) + " | recovers at |",
               "|---|---|---|" + "---|" * len(ks) + "---|"]
     for s in table["summary"]:
-        fractions = " | ".join(_fmt(s["mean_fraction_of_copy"][str(k)]) for k in ks)
+        fractions = " | ".join(_fmt(s["mean_fraction_of_copy"][str(k)]) + _ci(s.get("mean_fraction_of_copy_ci", {})
+                                                                                 .get(str(k))) for k in ks)
         recoveries = ", ".join(_fmt(x) for x in s["recovery_steps"])
         lines.append(f"| {s['operator']} | {s['code']} | {', '.join(map(str, s['snapshots']))} | {fractions} | "
                      f"{recoveries} |")
     lines += ["", "Columns: `metric @k` the child's metric after k retraining steps; `÷copy @k` that as a fraction "
-              "of copy_parent's at the same snapshot and step; `recovers at` the retraining step of recovery (– "
-              "never, within the steps run); `ΔW dist.` the relative Frobenius distance of the child's summed "
+              "of copy_parent's at the same snapshot and step, with its 95% bootstrap interval; `recovers at` the "
+              "retraining step from which the child stays within the tolerance (– not within at the last step); `ΔW dist.` the relative Frobenius distance of the child's summed "
               "LoRA deltas B A to the first parent's, after 0 and after all retraining steps; `Δlogp` the change in "
               "the mean per-token log-prob of the first parent's own samples (nats): at the start against the "
               "parent itself, at the end against copy_parent's child.", ""]
