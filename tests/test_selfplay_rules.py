@@ -219,3 +219,27 @@ def test_a_child_starts_with_a_fresh_optimizer(tmp_path, task_sandbox):
     assert set(second.trained) == {"t0", "t1", "s0", "s1"}
     steps = {name: {int(s["step"]) for s in opt.state.values()} for name, opt in optimizers.items()}
     assert steps == {name: {1} if name in slots else {2} for name in ("t0", "t1", "s0", "s1")}
+
+
+def test_a_student_whose_teacher_wrote_no_valid_task_tops_up_with_seed_tasks(tmp_path, task_sandbox):
+    """t1 writes only invalid proposals, so s0 (matched with t1 at step 1) has no task of its teacher: asked for 14
+    tasks, it answers the 12 code_o seed tasks, all there is for it, and none of t0's. Catches: a student without
+    matched tasks skipped (no top-ups), and topping up from another teacher's tasks (s0 would get t0's two)."""
+    calls: dict = {}
+
+    def policy(adapter, prompt, sample, rng):
+        if adapter == "t1" and "## Task: write a new Python program" in prompt:
+            return "<think>hmm</think><answer>I do not know</answer>"
+        return _every_task_valid(adapter, prompt, sample, rng, calls)
+
+    config = tiny_config(num_teachers=2, num_students=2, matchmaking="round_robin", proposals_per_teacher=2,
+                         solver_tasks=14, solver_samples=1)
+    loop = scripted_loop(config, scripted_engine(policy), tmp_path, task_sandbox)
+    out = loop.run_step()
+    assert [(m.teacher, m.student) for m in out.matchups] == [("t0", "s1"), ("t1", "s0")]
+    s0 = [a for a in out.attempts if a.student == "s0"]
+    assert len(s0) == 12 and all(a.proposal is None and a.task.proposer == "seed" for a in s0)
+    assert len({a.task.key() for a in s0}) == 12
+    s1 = [a for a in out.attempts if a.student == "s1"]
+    assert len(s1) == 14 and {a.task.proposer for a in s1} <= {"t0", "seed"}
+    assert sum(a.proposal is not None for a in s1) == 2
