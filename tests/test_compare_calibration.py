@@ -12,6 +12,7 @@ flaky at the goal and fails on a broken verdict (rates of 20% and more give abou
 """
 
 import numpy as np
+import pytest
 from scipy.stats import binom
 
 from openrlhf_populora.metrics import signature as sig
@@ -40,6 +41,7 @@ def test_the_bound_is_the_binomial_tail_at_the_goal():
     assert binom.sf(BOUND, DRAWS, GOAL) <= 1e-3 < binom.sf(BOUND - 1, DRAWS, GOAL)
 
 
+@pytest.mark.slow  # about 30 s of CPU
 def test_false_holds_stay_under_the_bound_on_every_null():
     table = {(kind, n): false_holds(kind, n) for kind, n in NULLS}
     over = {f"{kind} n={n}: {claim}": count for (kind, n), counts in table.items()
