@@ -31,7 +31,8 @@ The operator retention study (the paper's Figs 6, 16 and 17). For every snapshot
 
 Outputs in ``--out`` (layout: ``metrics/retention.py``): one run directory per child under
 ``children/step_NNNNNN/<operator>/``, then ``retention.md`` / ``retention.json`` (each operator's metric after
-k steps as a fraction of copy_parent's, and the retraining step at which it recovers to within
+k steps as a fraction of copy_parent's with a 95% bootstrap interval over each step's answers and, for the
+means, the snapshots; the number of seeds; and the retraining step from which it stays within
 ``--tolerance``), ``retention_grid.png`` (rows: operators, columns: snapshots; the parent's curve in its run in
 grey, the child's in colour on the same global-step axis) and ``retention_measures.png``. ``cli/report.py
 --retention DIR`` draws the same from the directory.
