@@ -9,7 +9,8 @@ holds it in CI):
   two-sided 95% interval ``slope +- t(0.975, n-2) x se``. HAC errors allow for autocorrelated residuals, but
   no interval from one short series can tell a trend from the wander of a strongly persistent one (a random
   walk). So a trend also needs the series to forget its past: the fitted red-noise coefficient ``phi`` of
-  its residual (``red_noise_phi``) must be under ``MAX_PHI``; above it the verdict is "too persistent".
+  its residual (``red_noise_phi``) must be under ``MAX_PHI``; at or above it the verdict is "cannot tell".
+  The interval used is the wider of the HAC one and the red-noise one (``fit_trend``).
 - **Red noise** (``red_noise_phi``): the AR(1) coefficient ``phi`` whose simulated series, detrended the
   same way, give on average the lag-1 autocorrelation the observed residual has (indirect inference: the
   plain lag-1 autocorrelation of a detrended residual is biased low, much more so in short series).
