@@ -116,3 +116,44 @@ def test_saved_ratings_and_lineage_keep_their_field_names():
         Population.from_dict({"version": 1})
     with pytest.raises(ValueError, match="^add_child needs at least one parent$"):
         ratings.add_child("t9", [])
+
+
+def test_a_mean_solve_rate_on_the_margin_is_a_draw():
+    """With draw_margin 0.25 the student wins above 0.75 and the teacher below 0.25; exactly 0.75 or 0.25 is a
+    draw. Catches: >= for > (a student win on the margin)."""
+    from openrlhf_populora.population import outcomes_from_solve_rates
+
+    assert outcomes_from_solve_rates([0.75], draw_margin=0.25) == ["draw"]
+    assert outcomes_from_solve_rates([0.25], draw_margin=0.25) == ["draw"]
+    assert outcomes_from_solve_rates([0.8], draw_margin=0.25) == ["student"]
+    with pytest.raises(ValueError, match=r"^draw_margin must be in \[0, 0.5\), got 0.5$"):
+        outcomes_from_solve_rates([0.5], draw_margin=0.5)
+
+
+def test_rating_parameters_are_checked_one_by_one():
+    """Catches: sigma <= 0 accepted unless beta is also bad, a beta below 1 refused, and a draw probability of 0
+    (TrueSkill without draws) refused."""
+    with pytest.raises(ValueError, match="sigma > 0"):
+        make_ratings(sigma=0.0)
+    make_ratings(beta=0.5)
+    make_ratings(draw_probability=0.0)
+
+
+def test_rating_history_entries_hold_mu_sigma_and_the_conservative_score():
+    ratings = make_ratings()
+    ratings.add("t0", step=3)
+    (entry,) = ratings.history["t0"]
+    assert entry == {"step": 3, "mu": 25.0, "sigma": 25.0 / 3.0, "conservative": pytest.approx(0.0)}
+
+
+def test_pfsp_weights_clamp_the_probability_and_are_uniform_for_random():
+    """Catches: a clamp that lets a probability above 1 through, and a non-unit weight for random and round
+    robin pairing."""
+    from openrlhf_populora.population import pfsp_weight
+
+    assert pfsp_weight("pfsp_hard", 1.5) == pfsp_weight("pfsp_hard", 1.0) == pytest.approx(1e-3)
+    assert pfsp_weight("random", 0.3) == pfsp_weight("round_robin", 0.9) == 1.0
+
+
+def test_a_population_reads_as_its_living_members():
+    assert "t0@t0, s0@s0" in repr(Population.create(1, 1))
