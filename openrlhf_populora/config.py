@@ -96,13 +96,31 @@ class TrainConfig:
                 "ratio to the sampling policy moves and --actor.eps_clip acts"})
 
 
+# what a resume (--ckpt.load_enable) may change in the run's config.yaml: where the run lives, how often it
+# checkpoints, where its metrics go, whether figures are drawn and how many sandbox processes run. None of them
+# changes a number the run computes. ``populora.total_steps`` may change too, unless the learning-rate schedule spans
+# it (see ``resume_conflicts``): an interrupted run given more steps equals a run started with them; a finished run
+# extended goes on from its last step as it stood (the evolution a last step skips is not made up)
+MAY_CHANGE_ON_RESUME = ("ckpt.", "logger.", "populora.report", "populora.sandbox.workers")
+MAY_CHANGE_ON_RESUME_HELP = ("populora.total_steps (unless the learning-rate schedule spans it: a cosine schedule "
+                             "or a warm-up)", "ckpt.*", "logger.*", "populora.report", "populora.sandbox.workers")
+
+
 @dataclass
 class CkptConfig:
     output_dir: str = field(default="./runs/populora", metadata={"help": "the run directory"})
     path: str = field(default="", metadata={"help": "checkpoint directory (default: <output_dir>/checkpoints)"})
-    save_steps: int = field(default=-1, metadata={"help": "checkpoint every N steps (-1: only at the end and on Ctrl-C)"})
-    load_enable: bool = field(default=False, metadata={"help": "resume from the latest checkpoint in ckpt.path"})
-    max_num: int = field(default=3, metadata={"help": "checkpoints kept"})
+    save_steps: int = field(default=10, metadata={
+        "help": "checkpoint every N steps, and after seeding, at the end and on a stop (-1: not periodically; a "
+                "crash then goes back to the seeded state)"})
+    load_enable: bool = field(default=False, metadata={
+        "help": "resume from the latest checkpoint in ckpt.path (a new run if there is none). The run's config.yaml "
+                "must match this configuration except " + ", ".join(MAY_CHANGE_ON_RESUME_HELP) + "; anything else "
+                "that differs is refused, naming the keys"})
+    max_num: int = field(default=3, metadata={"help": "checkpoints kept (the newest)"})
+    keep_every: int = field(default=0, metadata={
+        "help": "also keep every checkpoint of a step that is a multiple of N, beyond --ckpt.max_num (snapshots "
+                "for cli.retention; 0: none)"})
 
 
 @dataclass
@@ -226,7 +244,7 @@ class Config:
             if value <= 0:
                 raise ValueError(f"--{name} must be > 0, got {value}")
         for name, value in {"populora.references": p.references, "populora.recency_window": p.recency_window,
-                            "populora.num_threads": p.num_threads}.items():
+                            "populora.num_threads": p.num_threads, "ckpt.keep_every": self.ckpt.keep_every}.items():
             if value < 0:
                 raise ValueError(f"--{name} must be >= 0, got {value}")
         if not 0.0 <= self.ds.lora.dropout < 1.0:
@@ -527,3 +545,25 @@ def config_from_dict(data: dict[str, Any]) -> Config:
         if name in _LEAVES:
             set_dotted(config, name, _coerce(name, value))
     return config
+
+
+def resume_conflicts(saved: Config, new: Config) -> list[str]:
+    """What a resume may not change: every leaf where ``new`` differs from the run's ``saved`` config, as
+    ``"key: saved -> new"``, except the ones in ``MAY_CHANGE_ON_RESUME``, and ``populora.total_steps`` where the
+    learning rate does not depend on it (a constant schedule without warm-up: the only thing the run's length
+    then decides is where it stops)."""
+    schedule_spans_run = any(c.actor.lr_scheduler != "constant" or c.actor.lr_warmup_ratio > 0 for c in (saved, new))
+    conflicts = []
+    for key, (old, value) in config_differences(saved, new).items():
+        if key.startswith(MAY_CHANGE_ON_RESUME) or (key == "populora.total_steps" and not schedule_spans_run):
+            continue
+        why = " (the learning-rate schedule spans the run)" if key == "populora.total_steps" else ""
+        conflicts.append(f"{key}: {old!r} -> {value!r}{why}")
+    return conflicts
+
+
+def config_differences(saved: Config, new: Config) -> dict[str, tuple[Any, Any]]:
+    """Every dotted leaf whose value differs between two configs: ``{key: (saved value, new value)}``, sorted."""
+    before, after = _flatten(saved.to_dict()), _flatten(new.to_dict())
+    return {key: (before.get(key), after.get(key)) for key in sorted(set(before) | set(after))
+            if before.get(key) != after.get(key)}

@@ -10,7 +10,8 @@ Everything a run produces lands in ``--ckpt.output_dir`` (the run directory):
     population.json     members, lineage and ratings
     buffers.jsonl       the task buffers
     adapters/<member>/  each living member's adapter in PEFT format (PeftModel.from_pretrained, vLLM --lora-modules)
-    checkpoints/        atomic checkpoints (resume with --ckpt.load_enable)
+    checkpoints/        atomic, fsynced checkpoints of whole steps (resume with --ckpt.load_enable)
+    error.log           the traceback of a failed run (the run stays at its last checkpoint)
     figures/            the run's plots (cli/report.py)
 """
 
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from openrlhf_populora.models.embedded import resolve_model
     from openrlhf_populora.models.shipped import ShippedModelError
-    from openrlhf_populora.selfplay.runner import RunDirError, check_run_dir, claim_run_dir, run
+    from openrlhf_populora.selfplay.runner import RunDirError, RunFailed, check_run_dir, claim_run_dir, run
 
     # every check before the run directory is touched, so a mistake loses nothing: the directory, the model
     # (a shipped one converts here, once), then the engine itself (LoRA target modules, dtype, device)
@@ -126,7 +127,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     lock = claim_run_dir(config)  # noqa: F841 - held until the process exits
-    return run(config, lambda _config: engine)
+    try:
+        return run(config, lambda _config: engine)
+    except RunFailed:  # run() logged the one-line report (and wrote the traceback to error.log)
+        return 1
 
 
 if __name__ == "__main__":

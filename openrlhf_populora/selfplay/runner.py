@@ -1,7 +1,21 @@
-"""The outer loop of a run: set-up or resume, steps with a progress bar, checkpoints, Ctrl-C, final save.
+"""The outer loop of a run: set-up or resume, steps with a progress bar, checkpoints, signals, errors, final save.
 
 ``SelfPlay`` (loop.py) knows one step; this module knows a run: where files go, when to checkpoint, how
 to stop cleanly. It is the same for every engine.
+
+A step is atomic. The loop changes its state (adapters, optimizer states, buffers, ratings, population) all
+through a step and moves its counter at the end, so a state caught mid-step is half-applied and must never be
+saved. Hence:
+
+- **SIGTERM / SIGINT** (a scheduler's preemption, Ctrl-C) are deferred: the handler notes the signal, the step in
+  progress (or the seeding) finishes and is logged, the run checkpoints it and stops with status 130. A second
+  signal stops at once (``KeyboardInterrupt``) without saving: the run stays at its last checkpoint.
+- **An exception** in any phase stops the run at its last checkpoint, which only ever holds whole steps (every
+  step on the laptop presets, ``--ckpt.save_steps`` on the others, and always the seeded state at step 0), with
+  one line saying what failed and how to resume (``RunFailed``); the traceback goes to ``error.log``.
+
+A resume (``--ckpt.load_enable``) loads the last checkpoint and forgets the records logged after it, so it
+equals an uninterrupted run bit for bit.
 """
 
 from __future__ import annotations
@@ -10,7 +24,9 @@ import logging
 import os
 import shutil
 import signal
+import threading
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +34,13 @@ from typing import Any
 import yaml
 from tqdm.auto import tqdm
 
-from openrlhf_populora.config import Config, config_from_dict
+from openrlhf_populora.config import (
+    MAY_CHANGE_ON_RESUME_HELP,
+    Config,
+    config_differences,
+    config_from_dict,
+    resume_conflicts,
+)
 from openrlhf_populora.metrics import Tracker, progress_postfix
 from openrlhf_populora.selfplay.checkpoint import latest_checkpoint, save_checkpoint
 from openrlhf_populora.selfplay.loop import SelfPlay
@@ -31,20 +53,41 @@ class RunDirError(ValueError):
     """The run directory cannot be used as asked (entry points report it with exit status 2)."""
 
 
+class RunFailed(RuntimeError):
+    """A phase of the run raised (``__cause__``); the run stays at its last checkpoint. ``str()`` is the one-line
+    report: where it failed, the step it can resume from, and how."""
+
+
 def check_run_dir(config: Config) -> None:
     """Refuse what would lose or corrupt a run, before anything is written: an existing run without
-    ``--ckpt.load_enable``, and a resume of a run that has steps but no checkpoint (its steps would repeat).
-    ``--ckpt.load_enable`` on a directory without a run starts a new one (what a preemptible job's command
-    line, which always asks to resume, needs on its first start)."""
+    ``--ckpt.load_enable``, a resume of a run that has steps but no checkpoint (its steps would repeat), and a
+    resume whose configuration differs from the run's ``config.yaml`` in a key that changes what the run computes
+    (``config.resume_conflicts``). ``--ckpt.load_enable`` on a directory without a run starts a new one (what a
+    preemptible job's command line, which always asks to resume, needs on its first start)."""
     run_dir = Path(config.ckpt.output_dir)
     has_run = (run_dir / "metrics.jsonl").exists()
-    if has_run and not config.ckpt.load_enable:
-        raise RunDirError(f"{run_dir} already holds a run (metrics.jsonl). Resume it with --ckpt.load_enable, "
-                          f"or choose another --ckpt.output_dir.")
-    if has_run and latest_checkpoint(config.checkpoint_dir) is None:
+    checkpoint = latest_checkpoint(config.checkpoint_dir)
+    if (has_run or checkpoint is not None) and not config.ckpt.load_enable:
+        raise RunDirError(f"{run_dir} already holds a run ({'metrics.jsonl' if has_run else 'a checkpoint'}). "
+                          f"Resume it with --ckpt.load_enable, or choose another --ckpt.output_dir.")
+    if has_run and checkpoint is None:
         raise RunDirError(f"--ckpt.load_enable: {run_dir} holds a run (metrics.jsonl) but no checkpoint under "
                           f"{config.checkpoint_dir}, so it cannot be resumed exactly; start it again in another "
                           f"--ckpt.output_dir (or delete this one).")
+    saved = run_dir / "config.yaml"
+    if checkpoint is not None and saved.is_file():
+        try:
+            previous = config_from_dict(yaml.safe_load(saved.read_text()) or {})
+        except (ValueError, yaml.YAMLError) as err:
+            raise RunDirError(f"--ckpt.load_enable: cannot read {saved} to check this resume against it "
+                              f"({err})") from None
+        conflicts = resume_conflicts(previous, config)
+        if conflicts:
+            raise RunDirError(
+                f"--ckpt.load_enable: this configuration differs from the run's {saved} in "
+                f"{len(conflicts)} key(s) a resume may not change: {'; '.join(conflicts)}. Resume with the run's "
+                f"own settings (e.g. --config {saved}), or start a new run in another --ckpt.output_dir. A resume "
+                f"may change only {', '.join(MAY_CHANGE_ON_RESUME_HELP)}.")
 
 
 def _lock_run_dir(run_dir: Path):
@@ -64,12 +107,25 @@ def _lock_run_dir(run_dir: Path):
 
 
 def _write_config(config: Config, run_dir: Path) -> None:
+    """Write the resolved ``config.yaml``. On a resume that changed keys a resume may change (check_run_dir
+    refused the others), the previous file is kept beside it as ``config.<unix time>.yaml`` and the change logged."""
     path = run_dir / "config.yaml"
-    if path.exists():  # resuming: keep the original next to the new one
-        previous = config_from_dict(yaml.safe_load(path.read_text()))
-        if previous.to_dict() != config.to_dict():
-            shutil.copy(path, run_dir / f"config.{int(time.time())}.yaml")
-    path.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    text = yaml.safe_dump(config.to_dict(), sort_keys=False)
+    if path.exists():
+        if path.read_text() == text:
+            return
+        previous = config_from_dict(yaml.safe_load(path.read_text()) or {})
+        changed = [key for key in config_differences(previous, config) if key != "ckpt.load_enable"]
+        if not changed:  # the resume flag itself is not a setting of the run
+            path.write_text(text)
+            return
+        kept = run_dir / f"config.{int(time.time())}.yaml"
+        shutil.copy(path, kept)
+        log.warning("resuming with changed settings (%s); the previous config.yaml is kept as %s",
+                    ", ".join(changed) or "formatting only", kept.name)
+    tmp = path.with_suffix(".yaml.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def claim_run_dir(config: Config):
@@ -110,76 +166,162 @@ def _export(loop: SelfPlay, run_dir: Path) -> None:
     loop.buffers.save(run_dir / "buffers.jsonl")
 
 
+class _DeferredStop:
+    """SIGTERM and SIGINT during a run: the first is noted (``requested``) and acted on between steps; a second
+    raises ``KeyboardInterrupt`` at once. Installed in the main thread only (Python delivers signals there); a
+    SIGINT the process was started ignoring (``nohup``, ``&``) stays ignored."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum is not None else ""
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+        log.warning("%s: finishing the step in progress, then checkpointing it and stopping (send it again to stop "
+                    "at once, back at the last checkpoint)", self.name)
+
+    def __enter__(self) -> _DeferredStop:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                if signal.getsignal(sig) is not signal.SIG_IGN:
+                    self._previous[sig] = signal.signal(sig, self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+
+STEP_PHASES = ("match", "propose", "check", "solve", "verify", "train", "evolve")  # SelfPlay.run_step's, in order
+
+
 def run(config: Config, build_engine: Callable[[Config], Any], sandbox_factory: Callable[[], Any] | None = None,
         progress: bool = True) -> int:
-    """Run (or resume) the configured self-play run. Returns a process exit status."""
+    """Run (or resume) the configured self-play run. Returns a process exit status: 0 when every step ran, 130 when
+    a signal stopped it (after checkpointing the last whole step). An exception in any phase raises ``RunFailed``
+    (from it) after leaving the run at its last checkpoint."""
     from openrlhf_populora.sandbox import Sandbox
 
     run_dir = Path(config.ckpt.output_dir)
-    ckpt_root = config.checkpoint_dir
+    ckpt = config.ckpt
+    total = config.populora.total_steps
     sb_cfg = config.populora.sandbox
     sandbox_factory = sandbox_factory or (lambda: Sandbox(workers=sb_cfg.workers, timeout_s=sb_cfg.timeout_s,
                                                           memory_mb=sb_cfg.memory_mb,
                                                           isolation=sb_cfg.isolation))
     engine = build_engine(config)
     tracker = _make_tracker(config, run_dir)
-    interrupted = False
+    saved: int | None = None  # the step of the newest checkpoint on disk
+    phase, step = "start", 0  # where the run is (for the report of a failure)
+    failure: Exception | None = None
+    aborted = False
+    loop: SelfPlay | None = None
+    with _DeferredStop() as stop:
+        try:
+            with sandbox_factory() as sandbox:
+                loop = SelfPlay(config, engine, sandbox, run_dir, tracker)
 
-    def on_sigterm(signum, frame):  # treat a scheduler's SIGTERM like Ctrl-C: checkpoint, then stop
-        raise KeyboardInterrupt
+                def checkpoint_now() -> None:
+                    nonlocal saved
+                    if saved != loop.step:
+                        save_checkpoint(config.checkpoint_dir, loop.step, loop.save_state, max_num=ckpt.max_num,
+                                        keep_every=ckpt.keep_every)
+                        saved = loop.step
 
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
-    try:
-        with sandbox_factory() as sandbox:
-            loop = SelfPlay(config, engine, sandbox, run_dir, tracker)
-            checkpoint = latest_checkpoint(ckpt_root) if config.ckpt.load_enable else None
-            if checkpoint is not None:
-                loop.load_state(checkpoint)
-                tracker.truncate_after(loop.step)
-                log.info("resumed from %s at step %d", checkpoint, loop.step)
-            else:
-                if config.ckpt.load_enable:  # check_run_dir refused a run with steps but no checkpoint
-                    log.info("--ckpt.load_enable: nothing to resume in %s, starting a new run", run_dir)
-                loop.create_adapters()
-                tic = time.perf_counter()
-                sizes = loop.seed_buffers()
-                tracker.log_event(0, {"kind": "seeding", "buffer_sizes": sizes,
-                                      "seconds": time.perf_counter() - tic})
+                def on_phase(name: str) -> None:
+                    nonlocal phase
+                    phase = name
+                    bar.set_description(f"self-play [{name}]")
 
-            def checkpoint_now() -> None:
-                save_checkpoint(ckpt_root, loop.step, loop.save_state, max_num=config.ckpt.max_num)
-
-            bar = tqdm(total=config.populora.total_steps, initial=loop.step, disable=not progress,
-                       desc="self-play", unit="step", dynamic_ncols=True)
-            loop.on_phase = lambda phase: bar.set_description(f"self-play [{phase}]")
-            try:
-                while loop.step < config.populora.total_steps:
-                    output = loop.run_step()
-                    metrics = step_metrics(loop, output)
-                    tracker.log(output.step, metrics)
-                    tracker.log_problems(output.step, problem_records(output))
-                    for event in output.evolution:
-                        tracker.log_event(output.step, {"kind": "evolution", **event})
-                    bar.update(1)
-                    bar.set_postfix(progress_postfix(metrics))
-                    if output.step % config.logger.logging_steps == 0:
-                        log.info("step %d: %s", output.step, _one_line(metrics))
-                    if config.ckpt.save_steps > 0 and loop.step % config.ckpt.save_steps == 0:
-                        checkpoint_now()
-            except KeyboardInterrupt:
-                interrupted = True
-                log.warning("interrupted at step %d: writing a checkpoint", loop.step)
-            finally:
-                bar.close()
-            if loop.step > 0:
-                checkpoint_now()
-            _export(loop, run_dir)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        tracker.close()
-        engine.close()
-    if interrupted:
-        log.warning("stopped early; resume with --ckpt.load_enable --ckpt.output_dir %s", run_dir)
+                bar = None
+                try:
+                    checkpoint = latest_checkpoint(config.checkpoint_dir) if ckpt.load_enable else None
+                    if checkpoint is not None:
+                        phase = f"resuming from {checkpoint}"
+                        loop.load_state(checkpoint)
+                        tracker.truncate_after(loop.step)
+                        saved = loop.step
+                        log.info("resumed from %s at step %d", checkpoint, loop.step)
+                    else:
+                        if ckpt.load_enable:  # check_run_dir refused a run with steps but no checkpoint
+                            log.info("--ckpt.load_enable: nothing to resume in %s, starting a new run", run_dir)
+                        phase = "seeding"
+                        loop.create_adapters()
+                        tic = time.perf_counter()
+                        sizes = loop.seed_buffers()
+                        tracker.log_event(0, {"kind": "seeding", "buffer_sizes": sizes,
+                                              "seconds": time.perf_counter() - tic})
+                        phase = "checkpointing the seeded state"
+                        checkpoint_now()  # what a failure before the first periodic checkpoint goes back to
+                    bar = tqdm(total=total, initial=loop.step, disable=not progress, desc="self-play", unit="step",
+                               dynamic_ncols=True)
+                    loop.on_phase = on_phase
+                    while loop.step < total and not stop.requested:
+                        step, phase = loop.step + 1, "match"
+                        output = loop.run_step()
+                        phase = "logging"
+                        metrics = step_metrics(loop, output)
+                        tracker.log(output.step, metrics)
+                        tracker.log_problems(output.step, problem_records(output))
+                        for event in output.evolution:
+                            tracker.log_event(output.step, {"kind": "evolution", **event})
+                        bar.update(1)
+                        bar.set_postfix(progress_postfix(metrics))
+                        if output.step % config.logger.logging_steps == 0:
+                            log.info("step %d: %s", output.step, _one_line(metrics))
+                        if ckpt.save_steps > 0 and loop.step % ckpt.save_steps == 0:
+                            phase = "checkpointing"
+                            checkpoint_now()
+                    phase, step = "the final checkpoint", loop.step
+                    checkpoint_now()
+                    phase = "exporting the adapters"
+                    _export(loop, run_dir)
+                except KeyboardInterrupt:  # a second signal: stop now, leaving the last checkpoint as it is
+                    aborted = True
+                except Exception as err:  # noqa: BLE001 - reported in one line below, the traceback in error.log
+                    failure = err
+                finally:
+                    if bar is not None:
+                        bar.close()
+        except Exception as err:  # noqa: BLE001 - the sandbox or the loop failed to start or to close
+            failure = failure or err
+        finally:
+            tracker.close()
+            engine.close()
+    resume = (f"resume with --ckpt.load_enable --ckpt.output_dir {run_dir}" if saved is not None else
+              "the same command starts it afresh")
+    at = f"the run stays at step {saved} (its last checkpoint)" if saved is not None else "no step was saved"
+    if failure is not None:
+        where = f"step {step} failed in {phase}" if phase in (*STEP_PHASES, "logging") else \
+            f"the run failed in {phase}"
+        first_line = (str(failure).strip().splitlines() or [""])[0]
+        message = f"{where}: {type(failure).__name__}: {first_line}; {at}; {resume}"
+        try:
+            with open(run_dir / "error.log", "a", encoding="utf-8") as handle:
+                handle.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}\n")
+                handle.write("".join(traceback.format_exception(failure)) + "\n")
+            message += f" (traceback in {run_dir / 'error.log'})"
+        except OSError:
+            pass
+        log.error(message)
+        raise RunFailed(message) from failure
+    if aborted:
+        log.warning("stopped at once (in %s): %s; %s", phase, at, resume)
+        return 130
+    if loop is not None and loop.step < total:
+        log.warning("%s: stopped after step %d, checkpointed; resume with --ckpt.load_enable --ckpt.output_dir %s",
+                    stop.name, loop.step, run_dir)
         return 130
     if config.populora.report:
         from openrlhf_populora.metrics import render_report
