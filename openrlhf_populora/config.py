@@ -200,9 +200,10 @@ class PopuLoRAConfig:
     evolution: EvolutionConfig = field(default_factory=EvolutionConfig)
     report: bool = field(default=True, metadata={"help": "render the run's figures at the end"})
     sync_tolerance: float | None = field(default=None, metadata={
-        "help": "Ray engine: after every adapter upload, the largest |log-prob| difference allowed between vLLM and "
-                "the trainer on a fixed probe (else the run stops naming the adapter); default 1e-3 when training "
-                "in fp32, 0.25 in bf16/fp16 (their kernels round differently). The local engine has nothing to sync"})
+        "help": "Ray engine: after every adapter upload (whose content is also checked by hash), the mean |log-prob| "
+                "difference allowed between vLLM and the trainer on a fixed probe's greedy and sampled tokens, per "
+                "engine (else the run stops naming the adapter); default 1e-3 when training in fp32, 0.1 in "
+                "bf16/fp16 (their kernels round differently). The local engine has nothing to sync"})
     baseline_for: str | None = field(default=None, metadata={
         "help": "baseline mode: the population preset (a name in configs/, e.g. 4t4s, or a YAML path) this "
                 "baseline is compute-matched to; its settings are loaded under --config and the flags, except "

@@ -30,8 +30,10 @@ from openrlhf_populora.engines.ray import ADAPTER_INFO_KEY, GROUP_INFO_KEY  # no
 from openrlhf_populora.engines.ray.experience import (  # noqa: E402
     PopuLoRAExperienceMaker,
     build_experiences,
+    deal_experiences,
     experience_group_names,
     group_names,
+    is_padding,
 )
 from openrlhf_populora.selfplay.advantages import whiten_by_group  # noqa: E402
 
@@ -468,3 +470,36 @@ def test_gamma_below_one_discounts_and_auto_rewhitens():
     adv = e.advantages[e.action_mask.bool()].tolist()
     assert adv == pytest.approx([0.084819, 0.424094, 1.102646, -1.611559], abs=1e-5)
     assert math.isclose(sum(adv), 0.0, abs_tol=1e-6)
+
+
+@pytest.mark.parametrize(("counts", "ranks"), [((1, 0), 2), ((1, 2), 2), ((5, 2), 4), ((3, 3), 1)])
+def test_micro_batches_are_dealt_evenly_over_the_ranks_with_equal_forward_counts(identity_ray, counts, ranks):
+    """Upstream gives rank r the contiguous chunk r of the list (ceil(total / ranks) each), raises "Insufficient
+    batch size" when there are fewer micro-batches than ranks and leaves the last ranks short otherwise: an
+    adapter's micro-batches sat on one rank, and under ZeRO-3 ranks with fewer forward passes wait forever in
+    the others' all-gathers. Dealt, every rank runs the same number of forwards (padding passes where needed),
+    holds its share of each adapter, and the real samples keep their advantages; padding gets none."""
+    trajectories = [traj(name, f"{name}/r", 3, 2, float(i % 2) - 0.5, seed=40 + i)
+                    for name, count in zip(ADAPTERS, counts, strict=True) for i in range(2 * count)]
+    built = build_experiences(trajectories, ADAPTERS, PAD, micro_batch_size=2, ranks=ranks)
+    dealt = deal_experiences(built, ranks, PAD)
+    if ranks == 1:
+        assert dealt == built
+    actors = Group(PolicyActor, ranks)
+    out = make_maker(make_args(), actors=actors).make_experience_batch(dealt)
+    calls = [[name for name, _ in actor.calls] for actor in actors._actor_handlers]
+    assert len({len(c) for c in calls}) == 1 and len(calls[0]) >= 1  # the same number of forwards on every rank
+    real = [[e for e in out[r * len(calls[0]):(r + 1) * len(calls[0])] if not is_padding(e)] for r in range(ranks)]
+    for name, count in zip(ADAPTERS, counts, strict=True):
+        mine = [sum(1 for e in rank if ADAPTERS[int(e.info[ADAPTER_INFO_KEY][0])] == name) for rank in real]
+        assert sum(mine) == sum(1 for e in built if ADAPTERS[int(e.info[ADAPTER_INFO_KEY][0])] == name)
+        assert max(mine) - min(mine) <= 1, (name, mine)  # spread, not stacked
+        if 2 * count >= ranks:  # enough samples: a share on every rank (micro-batches made small enough)
+            assert min(mine) >= 1, (name, mine)
+    padding = [e for e in out if is_padding(e)]
+    assert len(out) == len(built) + len(padding) and len(out) % ranks == 0
+    for e in padding:
+        assert not e.action_mask.any() and not e.advantages.any() and e.info["kl"].item() == 0
+    adv = per_token([e for e in out if not is_padding(e)])
+    for i, t in enumerate(trajectories):
+        assert adv[i] == [pytest.approx(t.advantage)] * len(t.response_ids)

@@ -143,11 +143,11 @@ def _batch(loop, rollout, prompts, adapters, **sampling):
 
 def test_config_rounds_rank_and_validates():
     config = make_multilora_config(max_loras=6, max_lora_rank=4)
-    assert (config.max_loras, config.max_lora_rank, config.max_cpu_loras) == (6, 8, 6)
+    assert (config.max_loras, config.max_lora_rank, config.max_cpu_loras) == (6, 8, 7)  # + room for an upload
     assert make_multilora_config(2, 16, max_cpu_loras=5).max_lora_rank == 16
     cpu, gpu = config.engine_kwargs(cpu=True), config.engine_kwargs(cpu=False)
     assert cpu["dtype"] == "float32" and "dtype" not in gpu  # upstream's bf16 stays on GPUs
-    assert (gpu["max_loras"], cpu["max_loras"], cpu["max_cpu_loras"]) == (6, 7, 7)  # CPU: + the zero adapter
+    assert (gpu["max_loras"], cpu["max_loras"], cpu["max_cpu_loras"]) == (6, 7, 8)  # CPU: + the zero adapter
     assert gpu["enable_lora"] and gpu["max_lora_rank"] == 8
     assert make_multilora_config(2, 8, dtype="bfloat16").engine_kwargs(cpu=True)["dtype"] == "bfloat16"
     for bad in ({"max_loras": 0, "max_lora_rank": 8}, {"max_loras": 2, "max_lora_rank": 1000},
@@ -246,9 +246,10 @@ def test_version_swap_serves_new_weights_under_a_fresh_id(rollout, loaded, train
     assert [o[0]["response_ids"] for o in after] == [e[0].response_ids for e in expected]
     assert after != before["s0"]
     assert _batch(loop, rollout, prompts, ["s1"] * 4) == before["s1"]  # the other adapters are untouched
-    assert os.path.isdir(old_path)  # the previous version's files stay one swap longer
+    assert not os.path.exists(old_path)  # the previous version's files go at once: one version on disk
+    on_disk = sorted(p.name.split("@")[0] for p in rollout._adapter_dir.iterdir())
+    assert on_disk == sorted([*rollout.list_adapters(), "__base__"]), on_disk
     loop.run_until_complete(rollout.load_adapter("s0", trained.get_adapter("s0"), lora_config))
-    assert not os.path.exists(old_path)
     assert _batch(loop, rollout, prompts, ["s0"] * 4) == before["s0"]  # and back: the original weights
 
 
@@ -401,6 +402,7 @@ class _LocalActors:
     def __init__(self, engine, lora_config):
         self.engine, self._lora_config = engine, lora_config
         self._actor_handlers = [_Now(self, None)]
+        self.duplicate_actors = 1
 
     def lora_config(self):
         return self._lora_config
@@ -410,6 +412,11 @@ class _LocalActors:
 
     def get_adapter_state(self, name):
         return self.engine.get_adapter(name)
+
+    def adapter_digest(self, name, dtype):
+        from openrlhf_populora.engines.ray.digest import adapter_digest
+
+        return adapter_digest(self.engine.get_adapter(name), dtype)
 
     def probe_log_probs(self, sequences, action_mask, attention_mask, adapter_name):
         from openrlhf_populora.engines.base import Trajectory
@@ -461,6 +468,68 @@ def test_the_sync_proof_catches_an_upload_that_is_not_what_the_trainer_holds(tra
         rollout.llm.shutdown()
 
 
+SYNC_MEASURED: dict[str, dict[str, tuple[float, float]]] = {}  # dtype -> case -> (max, mean) |log-prob gap|
+
+
+@pytest.mark.parametrize(("engine_dtype", "param_dtype"), [("float32", "fp32"), ("bfloat16", "bf16")])
+def test_the_sync_proof_catches_an_adapter_one_update_stale_and_a_corrupted_upload(trained, lora_config, model_dir,
+                                                                                 loop, monkeypatch, engine_dtype,
+                                                                                 param_dtype):
+    """In fp32 and in bf16: a faithful upload passes; after one more update on the trainer's side (Adam's first
+    step moves every weight by about lr; here 1e-3), vLLM's copy is one update stale and the proof stops the run;
+    an upload with one changed value stops it too. Log-prob gaps of bf16 kernels can hide both (a stale adapter's
+    log-probs move by less than bf16 rounding), the content hash cannot. The measured gaps are printed."""
+    from types import SimpleNamespace
+
+    from openrlhf_populora.engines.ray import trainer as ray_trainer
+
+    monkeypatch.setattr(ray_trainer, "_get", lambda refs, timeout=None: refs)
+    monkeypatch.setattr(ray_trainer.ray, "put", lambda value: value)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+        mp.setenv("RAY_ADDRESS", "local")
+        rollout = loop.run_until_complete(MultiLoRARollout.create_in_process(
+            **upstream_actor_kwargs(model_dir),
+            multilora=make_multilora_config(max_loras=2, max_lora_rank=LORA["r"], dtype=engine_dtype)))
+    original = trained.get_adapter("s0")
+    measured = SYNC_MEASURED.setdefault(param_dtype, {})
+    try:
+        args = SimpleNamespace(populora=SimpleNamespace(adapter_names=list(ADAPTERS), sync_tolerance=None),
+                               ds=SimpleNamespace(param_dtype=param_dtype))
+        host = SimpleNamespace(args=args, tokenizer=trained.tokenizer, vllm_engines=[_Now(rollout, loop)],
+                               actor_model_group=_LocalActors(trained, lora_config))
+        engine = ray_trainer.RayEngine(host)
+        assert engine.sync_tolerance == ray_trainer.SYNC_TOLERANCE[param_dtype]
+        engine.upload(["s0"])  # fresh
+        measured["fresh"] = (engine.sync["s0"], engine.sync_mean["s0"])
+        assert engine.sync_mean["s0"] <= engine.sync_tolerance
+        # one update on the trainer's side that never reaches vLLM
+        g = torch.Generator().manual_seed(3)
+        trained.set_adapter("s0", {k: v + 1e-3 * torch.randn(v.shape, generator=g).sign() for k, v in original.items()})
+        with pytest.raises(ray_trainer.AdapterSyncError, match="stale or corrupted"):
+            engine.check_sync(["s0"])
+        measured["stale"] = tuple(v["s0"] for v in engine.probe_gaps(["s0"]))
+        # a corrupted upload: one value of one tensor changed on the way
+        honest = engine.get_adapter
+
+        def corrupted(name):
+            tensors = {k: v.clone() for k, v in honest(name).items()}
+            key = sorted(k for k in tensors if ".lora_B." in k)[0]
+            tensors[key].view(-1)[0] += 0.05
+            return tensors
+
+        monkeypatch.setattr(engine, "get_adapter", corrupted)
+        with pytest.raises(ray_trainer.AdapterSyncError, match="stale or corrupted"):
+            engine.upload(["s0"])
+        measured["corrupted"] = tuple(v["s0"] for v in engine.probe_gaps(["s0"]))
+        assert engine.sync_content_failures == 2
+        print(f"sync proof gaps ({param_dtype}; max, mean |log-prob|):",
+              {case: (f"{a:.2e}", f"{b:.2e}") for case, (a, b) in measured.items()})
+    finally:
+        trained.set_adapter("s0", original)
+        rollout.llm.shutdown()
+
+
 def test_the_ray_engine_gives_each_vllm_engine_the_requests_global_indices(trained, monkeypatch):
     """RayEngine.generate splits a call's requests over its vLLM engines; each engine gets, with its share, the
     requests' indices in the whole call (which seed their samples), so two engines never sample alike."""
@@ -492,6 +561,39 @@ def test_the_ray_engine_gives_each_vllm_engine_the_requests_global_indices(train
     assert sorted(indices) == [0, 1, 2, 3, 4]  # each request once, by its index in the whole call
     assert set(engines[0].calls[0][0]).isdisjoint(engines[1].calls[0][0])
     assert {seed for e in engines for _, seed in e.calls} == {9}
+
+
+def test_a_prompt_too_long_for_vllm_is_answered_empty_instead_of_failing_the_step(trained, monkeypatch):
+    """vLLM raises for a prompt of max_model_len (--data.max_len) tokens or more, and one failed request fails
+    the whole gathered batch (the step). RayEngine.generate leaves such a prompt out and answers it with a lone
+    EOS, which the loop scores as a format error; the other requests are generated as usual."""
+    from types import SimpleNamespace
+
+    from openrlhf_populora.engines.base import GenerationRequest, SamplingParams
+    from openrlhf_populora.engines.ray import trainer as ray_trainer
+
+    monkeypatch.setattr(ray_trainer, "_get", lambda refs, timeout=None: refs)
+    limit = 12
+
+    class Engine:  # vLLM's rule: a prompt of max_model_len tokens or more is an error for the whole call
+        def generate_batch(self, prompts, adapters, sampling, request_indices=None):
+            if any(len(p) >= limit for p in prompts):
+                raise ValueError("The decoder prompt is longer than the maximum model length")
+            return [[{"response_ids": [5], "finished": True}] * sampling["n"] for _ in prompts]
+
+    args = SimpleNamespace(populora=SimpleNamespace(adapter_names=["s0"], sync_tolerance=1e-3),
+                           ds=SimpleNamespace(param_dtype="fp32"), data=SimpleNamespace(max_len=limit))
+    host = SimpleNamespace(args=args, tokenizer=trained.tokenizer, vllm_engines=[_Now(Engine(), None)],
+                           actor_model_group=_LocalActors(trained, {}))
+    engine = ray_trainer.RayEngine(host)
+    engine._uploaded.add("s0")
+    long = "a much longer prompt than twelve tokens " * 3
+    assert len(trained.tokenizer(long, add_special_tokens=False)["input_ids"]) >= limit
+    out = engine.generate([GenerationRequest("s0", "short", n=2), GenerationRequest("s0", long, n=2)],
+                          SamplingParams(seed=1))
+    assert [c.response_ids for c in out[0]] == [[5], [5]]
+    assert [c.response_ids for c in out[1]] == [[trained.tokenizer.eos_token_id]] * 2 and out[1][0].text == ""
+    assert engine.skipped_prompts == 1
 
 
 def test_the_trainer_hands_its_engine_to_the_injected_run_function(trained, tmp_path, monkeypatch):

@@ -106,9 +106,14 @@ def _sample(trajectory: Trajectory, index: int, adapter: int, group: int) -> Exp
 
 
 def build_experiences(
-    trajectories: Sequence[Trajectory], adapter_names: Sequence[str], pad_token_id: int, micro_batch_size: int
+    trajectories: Sequence[Trajectory], adapter_names: Sequence[str], pad_token_id: int, micro_batch_size: int,
+    ranks: int = 1,
 ) -> list[Experience]:
     """One ``Experience`` per micro-batch of at most ``micro_batch_size`` samples, each of ONE adapter.
+
+    ``ranks``: the data-parallel ranks the micro-batches will be dealt over (:func:`deal_experiences`); an
+    adapter's micro-batches are then made small enough that there is one per rank where its samples allow
+    (at most ``ceil(n / ranks)`` samples each), so every rank holds a share of every adapter.
 
     Samples are bucketed by adapter (buckets in ``adapter_names`` order, input order kept within a bucket),
     then concatenated with upstream's ``Experience.concat_experiences`` (right padding: ``sequences`` with
@@ -131,12 +136,81 @@ def build_experiences(
             raise ValueError(f"trajectory {i} names unknown adapter {trajectory.adapter!r}; known: {names}")
         k = adapter_index[trajectory.adapter]
         buckets[k].append(_sample(trajectory, i, k, group_index[group_key(trajectory)]))
-    size = int(micro_batch_size)
-    return [
-        Experience.concat_experiences(bucket[start:start + size], pad_token_id)
-        for bucket in buckets
-        for start in range(0, len(bucket), size)
-    ]
+    out = []
+    for bucket in buckets:
+        size = max(1, min(int(micro_batch_size), -(-len(bucket) // max(1, int(ranks)))))
+        out += [Experience.concat_experiences(bucket[start:start + size], pad_token_id)
+                for start in range(0, len(bucket), size)]
+    return out
+
+
+PAD_GROUP = -1  # info[GROUP_INFO_KEY] of a padding micro-batch: no action token, no advantage group
+
+
+def padding_experience(adapter: int, pad_token_id: int) -> Experience:
+    """A one-sample micro-batch of ``adapter`` index with no action token: a forward pass that changes nothing.
+    :func:`deal_experiences` gives one to each rank that would otherwise run fewer forward passes than the
+    others; the maker gives it no advantage and the policy actor leaves it out of training."""
+    zero = torch.zeros(1)
+    return Experience(
+        sequences=torch.full((1, 2), pad_token_id, dtype=torch.long),
+        attention_mask=torch.ones((1, 2), dtype=torch.long),
+        action_mask=torch.zeros((1, 1), dtype=torch.long),
+        index=[-1],
+        prompts=[""],
+        labels=[""],
+        images=[None],
+        mm_train_inputs=[None],
+        rewards=zero,
+        scores=zero.clone(),
+        response_length=torch.tensor([0]),
+        truncated=torch.tensor([False]),
+        total_length=torch.tensor([2.0]),
+        info={
+            "response_clip_ratio": torch.tensor([False]),
+            "reward": zero.clone(),
+            "score": zero.clone(),
+            ADAPTER_INFO_KEY: torch.tensor([adapter]),
+            GROUP_INFO_KEY: torch.tensor([PAD_GROUP]),
+        },
+    )
+
+
+def is_padding(experience: Experience) -> bool:
+    """Whether a micro-batch (or one sample) is :func:`padding_experience`."""
+    group = experience.info.get(GROUP_INFO_KEY)
+    if group is None:
+        return False
+    if isinstance(group, (list, tuple)):
+        group = torch.stack([torch.as_tensor(g).reshape(()) for g in group]) if group else torch.zeros(0)
+    return bool((torch.as_tensor(group).reshape(-1) == PAD_GROUP).all())
+
+
+def deal_experiences(experiences: Sequence[Experience], ranks: int, pad_token_id: int) -> list[Experience]:
+    """The micro-batches ordered for ``ranks`` data-parallel ranks, so each rank gets a near-equal share of
+    every adapter's micro-batches and exactly as many micro-batches as every other rank.
+
+    Upstream hands rank r the contiguous chunk ``[r*c, (r+1)*c)`` with ``c = ceil(total / ranks)``
+    (``RayActorGroup.async_run_method_batch``), raises "Insufficient batch size" when ``total < ranks`` and
+    leaves the last ranks short when ``ranks`` does not divide ``total``. :func:`build_experiences` emits the
+    micro-batches adapter by adapter, so contiguous chunks would put each adapter on one or two ranks (the
+    others pad its training window with empty passes), and under ZeRO-3 ranks running different numbers of
+    forward passes wait forever in each other's all-gathers. Here micro-batch i goes to rank ``i % ranks``
+    (each adapter's micro-batches dealt across the ranks in turn), every rank is padded with
+    :func:`padding_experience` to the same count (at least one), and the ranks' lists are concatenated: each
+    chunk is then exactly one rank's list. With one rank the list is returned unchanged.
+    """
+    experiences = list(experiences)
+    if ranks <= 1 or not experiences:
+        return experiences
+    buckets: list[list[Experience]] = [[] for _ in range(ranks)]
+    for i, experience in enumerate(experiences):
+        buckets[i % ranks].append(experience)
+    width = max(len(bucket) for bucket in buckets)
+    for bucket in buckets:
+        adapter = micro_batch_adapter(bucket[-1] if bucket else experiences[-1])
+        bucket += [padding_experience(adapter, pad_token_id) for _ in range(width - len(bucket))]
+    return [experience for bucket in buckets for experience in bucket]
 
 
 def micro_batch_adapter(experience: Experience) -> int:
@@ -277,6 +351,19 @@ class PopuLoRAExperienceMaker(RemoteExperienceMaker):
         args = self.args
         if self.advantage_estimator not in ESTIMATORS:
             raise ValueError(f"unsupported advantage estimator {self.advantage_estimator!r}")
+        everything, experiences = experiences, [e for e in experiences if not is_padding(e)]
+        for experience in everything:
+            if is_padding(experience):  # no action token: nothing to learn, no group statistics
+                experience.returns = torch.zeros(experience.action_mask.shape)
+                experience.advantages = torch.zeros(experience.action_mask.shape)
+                experience.info["return"] = torch.zeros(1)
+                experience.info["group_reward_std"] = torch.zeros(1)
+                for key in ("kl", "logprobs_diff"):  # upstream's masked means over no token: 0/0
+                    if key in experience.info:
+                        experience.info[key] = torch.zeros(1)
+                experience.kl = None
+        if not experiences:
+            return everything
         for experience in experiences:
             experience.rewards = experience.rewards.to(torch.promote_types(experience.rewards.dtype, torch.float32))
             if GROUP_INFO_KEY not in experience.info:
@@ -311,7 +398,7 @@ class PopuLoRAExperienceMaker(RemoteExperienceMaker):
 
         if self.rewhitens():
             self._whiten_per_group(experiences, slot.split(sizes), n_groups)
-        return experiences
+        return everything
 
     def _whiten_per_group(self, experiences: list[Experience], slots: Sequence[torch.Tensor], n_groups: int) -> None:
         """Masked token-level whitening within each group (upstream's batch-wide formula, per group)."""

@@ -24,9 +24,12 @@ optimizer over all adapters:
 
 Data parallelism: ranks may hold different adapters' samples. Every rank runs every adapter's window with the
 same number of micro-batches (padded with a micro-batch whose loss mask is empty: zero loss, zero gradient), and
-with more than one rank every adapter runs in every forward pass with the inactive ones' LoRA scaling at 0
+with more than one rank every adapter runs in every training pass with the inactive ones' LoRA scaling at 0
 (``adapters_ds.activate(all_in_graph=True)``), so DeepSpeed's reductions and ZeRO-3's gathers see the same
-parameters on every rank.
+parameters on every rank (that the windows alone suffice, since every rank runs the same adapter's window, is
+not yet verified on two ranks). Experience making's forward passes (``forward``) score different adapters on
+different ranks at once; they run every adapter only under ZeRO-3, whose gathers need the same parameters on
+every rank: ZeRO-1/2 have no collective in a forward pass, so there they run the one adapter.
 
 :class:`PopuLoRAPolicyActor` (the Ray actor, ``num_gpus=1``) builds the adapters named
 ``strategy.args.populora.adapter_names`` before ``strategy.prepare`` (one engine, one optimizer) and otherwise
@@ -39,6 +42,8 @@ vLLM actors' ``load_adapter``.
 
 from __future__ import annotations
 
+import functools
+import sys
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -51,6 +56,8 @@ from openrlhf.utils.vlm_utils import merge_mm_train_inputs
 
 from . import ADAPTER_INFO_KEY, GROUP_INFO_KEY
 from . import adapters_ds as ads
+from .digest import adapter_digest
+from .experience import is_padding
 
 PER_ADAPTER_PREFIX = "populora"  # status["populora/<adapter>/<metric>"] = float (flat: upstream logs floats)
 CLIENT_STATE_KEY = "populora"  # DeepSpeed client_states[CLIENT_STATE_KEY] = the controller's population state
@@ -150,6 +157,8 @@ class MultiAdapterActorTrainer(ActorPPOTrainer):
         """This rank's replay-buffer samples, grouped by adapter into micro-batches (buffer order kept)."""
         by_adapter: dict[int, list[Experience]] = defaultdict(list)
         for item in self.replay_buffer.items:
+            if is_padding(item):  # a padding pass of experience making (experience.deal_experiences)
+                continue
             by_adapter[adapter_index_of(item.info)[0]].append(item)
         size = self.micro_train_batch_size
         return {k: [make_experience_batch(items[i:i + size], self.args.ds.packing_samples)
@@ -165,6 +174,14 @@ class MultiAdapterActorTrainer(ActorPPOTrainer):
         counts = _all_reduce([len(batches.get(k, [])) for k in range(len(self.adapter_names))],
                              torch.distributed.ReduceOp.MAX)
         present = [k for k, count in enumerate(counts) if count > 0]
+        if data_parallel():  # how evenly the ranks share each adapter's window (the rest is padding passes)
+            real = _all_reduce([len(batches.get(k, [])) for k in range(len(self.adapter_names))],
+                               torch.distributed.ReduceOp.SUM)
+            if torch.distributed.get_rank() == 0:
+                ranks = torch.distributed.get_world_size()
+                shares = ", ".join(f"{self.adapter_names[k]} {int(counts[k])} micro-steps x {ranks} ranks "
+                                   f"({int(real[k])} real)" for k in present)
+                print(f"[populora] training windows: {shares}", file=sys.stderr, flush=True)
         engine = ads.ds_engine(self.actor)
         scheduler, engine.lr_scheduler = engine.lr_scheduler, None  # the schedule advances once per epoch
         try:
@@ -286,7 +303,29 @@ class _PrepareWithAdapters:
         for entry in models:
             if isinstance(entry, tuple) and entry[0] is not None:  # (model, optimizer config): the trained one
                 ads.attach_adapters(entry[0], self._names, seed=self._seed)
-        return self._strategy.prepare(*models)
+        strategy = self._strategy
+        strategy.get_ds_train_config = functools.partial(no_persistent_params, strategy.get_ds_train_config)
+        try:
+            return strategy.prepare(*models)
+        finally:
+            del strategy.get_ds_train_config  # the instance attribute: the class's method again
+
+
+def no_persistent_params(get_ds_train_config, *args, **kwargs) -> dict:
+    """Upstream's DeepSpeed config, with ZeRO-3's ``stage3_param_persistence_threshold`` at 0.
+
+    Upstream passes ``"auto"``, which DeepSpeed drops, so its default (1e5 elements) applies: smaller
+    parameters -- most LoRA tensors of a 7B model at rank 16 -- are "persistent", re-gathered whole into fresh
+    tensors at the end of every optimizer ``step()`` and never re-gathered by forward passes. With more than one
+    rank, those full copies are taken before :class:`~adapters_ds.AdapterSnapshot` restores the adapters that
+    were not in the window (it restores the partitions), so the next forward passes would use every other
+    adapter's Adam-drifted weights. With the threshold at 0 no parameter is persistent: every forward gathers
+    the restored partitions (small norm weights included, a few more small all-gathers per layer)."""
+    config = get_ds_train_config(*args, **kwargs)
+    zero = config.get("zero_optimization", {})
+    if int(zero.get("stage", 0)) == 3:
+        zero["stage3_param_persistence_threshold"] = 0
+    return config
 
 
 def populora_settings(args) -> tuple[list[str], int]:
@@ -354,9 +393,21 @@ class PopuLoRAPolicyActor(PolicyModelActor.__ray_actor_class__):
     def get_adapter_names(self) -> list[str]:
         return list(self.adapter_names)
 
-    def get_adapter_state(self, name: str) -> dict[str, torch.Tensor]:
-        """Adapter ``name`` in PEFT's saved format (fp32, CPU). Every rank calls (ZeRO-3 gathers)."""
-        return ads.adapter_state(self.actor, name)
+    def get_adapter_state(self, name: str, all_ranks: bool = False) -> dict[str, torch.Tensor] | None:
+        """Adapter ``name`` in PEFT's saved format (fp32, CPU). Every rank calls (ZeRO-3 gathers); only rank 0
+        returns it (the others return None, unless ``all_ranks``): one copy travels to the caller, not one per
+        rank."""
+        state = ads.adapter_state(self.actor, name)
+        if all_ranks or not data_parallel() or torch.distributed.get_rank() == 0:
+            return state
+        return None
+
+    def adapter_digest(self, name: str, dtype: str) -> str | None:
+        """The sync proof's trainer side of the content check: the sha256 of adapter ``name`` as this trainer
+        holds it now, cast to ``dtype`` (the vLLM engine's; :func:`digest.adapter_digest`). Every rank calls
+        (ZeRO-3 gathers); rank 0 answers."""
+        state = self.get_adapter_state(name)
+        return None if state is None else adapter_digest(state, dtype)
 
     def set_adapter_state(self, name: str, tensors: Mapping[str, torch.Tensor]) -> None:
         """Overwrite adapter ``name`` (fp32 master, low-precision copy) and reset its optimizer state fully: zero
@@ -372,7 +423,8 @@ class PopuLoRAPolicyActor(PolicyModelActor.__ray_actor_class__):
         if adapter_name is not None:
             if not isinstance(adapter_name, str):
                 adapter_name = self.adapter_names[int(adapter_name)]
-            ads.activate(self.actor, adapter_name, all_in_graph=data_parallel())
+            # ranks may score different adapters in the same call: ZeRO-3's gathers need the same set everywhere
+            ads.activate(self.actor, adapter_name, all_in_graph=data_parallel() and self._zero3())
         dev = device()
         mm_inputs = {}
         if mm_train_inputs_list and getattr(self.actor, "is_vlm", False):
@@ -383,6 +435,9 @@ class PopuLoRAPolicyActor(PolicyModelActor.__ray_actor_class__):
                                    ring_attn_group=self.strategy.ring_attn_group, **mm_inputs)
         self.actor.train()
         return log_probs.to("cpu")
+
+    def _zero3(self) -> bool:
+        return int(self.strategy.args.ds.zero_stage) == 3
 
     def probe_log_probs(self, sequences, action_mask, attention_mask, adapter_name) -> torch.Tensor:
         """The sync probe's trainer side: :meth:`forward` at temperature 1 (vLLM reports raw log-probs)."""

@@ -14,11 +14,15 @@ policy actor group and the vLLM engines. What changes:
   ``broadcast_to_vllm`` hook does nothing (the caller pushes; nothing is pulled through callbacks), and the
   frozen base never moves.
 
-**Sync proof.** After every upload, :meth:`RayEngine.check_sync` compares what vLLM now serves with what the
-trainer holds: a few fixed probe prompts are decoded greedily by vLLM with the adapter, and the log-probs
-vLLM reports for those tokens are compared with the policy actor's own log-probs of the same sequences (both
-at temperature 1). The largest absolute difference is reported per adapter (``sync_logprob_diff`` in the
-step's diagnostics); above ``--populora.sync_tolerance`` the run stops with an error naming the adapter.
+**Sync proof.** After every upload, :meth:`RayEngine.check_sync` proves that each vLLM engine serves what the
+trainer holds: the sha256 of the adapter file each engine loaded must equal the policy actor's hash of its
+current weights in the engine's dtype (a stale or corrupted upload stops the run, in any dtype), and the
+log-probs vLLM reports on a few fixed probe prompts, decoded greedily and sampled, must match the policy actor's
+on the same tokens within ``--populora.sync_tolerance`` on the mean (per-dtype defaults, :data:`SYNC_TOLERANCE`).
+The largest difference is reported per adapter (``sync_logprob_diff`` in the step's diagnostics).
+
+**Data parallelism.** ``train_step`` deals each adapter's micro-batches across the policy actor's ranks and pads
+every rank to the same count (:func:`experience.deal_experiences`): upstream hands each rank a contiguous chunk.
 
 ``RayEngine`` implements ``engines.base.Engine`` over the actor group and the vLLM actors; it knows nothing of
 AZR. It runs inside the trainer actor's process.
@@ -27,9 +31,12 @@ AZR. It runs inside the trainer actor's process.
 from __future__ import annotations
 
 import importlib
+import math
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from statistics import fmean
 from typing import Any
 
 import ray
@@ -46,11 +53,23 @@ from openrlhf_populora.engines.base import (
     Trajectory,
     render_chat,
 )
-from openrlhf_populora.engines.ray.experience import PopuLoRAExperienceMaker, build_experiences
+from openrlhf_populora.engines.ray.experience import (
+    PopuLoRAExperienceMaker,
+    build_experiences,
+    deal_experiences,
+)
 
 RAY_TIMEOUT_S = 3600.0  # one ray.get never waits longer than this: an unschedulable actor must not hang a run
 PROBE_TEXTS = ("def f(x):\n    return", "The answer is", "for i in range(")  # the sync probe's prompts
-PROBE_TOKENS = 8  # greedy tokens per probe prompt
+PROBE_TOKENS = 8  # tokens per probe prompt, greedy and sampled
+PROBE_SEED = 20261204  # the sampled probe's seed (each prompt's own stream derives from it)
+# The sync probe's tolerance on the mean |log-prob difference| over its tokens, per training dtype. Measured on
+# the tiny model (tests/test_ray_vllm_rollout.py), a fresh upload: fp32 mean 1.4e-6 (max 8e-6); vLLM in bf16 against
+# the fp32 trainer, mean 0.036 (max 0.18). Published for Qwen2.5-0.5B: about 0.03 nats RMS between DeepSpeed and
+# vLLM in bf16 (ServiceNow/Fast-LLM#525), single tokens up to 0.3 (vllm#18352): hence a mean, not a maximum, with
+# room above it. Staleness and corruption are caught exactly by the content hash, whatever the dtype (in bf16 a
+# corrupted upload moved the mean by 0.04 only).
+SYNC_TOLERANCE = {"fp32": 1e-3, "bf16": 0.1}
 
 
 class AdapterSyncError(RuntimeError):
@@ -78,11 +97,16 @@ class RayEngine:
         self.global_step = 0
         tolerance = self.args.populora.sync_tolerance
         if tolerance is None:  # fp32 on both sides agrees to rounding; bf16 kernels differ in the last bits
-            tolerance = 1e-3 if self.args.ds.param_dtype == "fp32" else 0.25
+            tolerance = SYNC_TOLERANCE["fp32" if self.args.ds.param_dtype == "fp32" else "bf16"]
         self.sync_tolerance = float(tolerance)
         self.sync: dict[str, float] = {}  # adapter -> max |log-prob difference| at its last upload
+        self.sync_mean: dict[str, float] = {}  # adapter -> mean |log-prob difference| (worst engine)
+        self.sync_content_failures = 0
         self.sync_seconds = 0.0  # wall time spent in sync probes
+        self.skipped_prompts = 0  # prompts too long for vLLM, answered empty (see generate)
         self._probe = [self.tokenizer(text, add_special_tokens=False)["input_ids"] for text in PROBE_TEXTS]
+        # upstream's actor group hands each rank one contiguous chunk of every batched call
+        self.data_parallel_size = len(self.actors._actor_handlers) // max(1, int(self.actors.duplicate_actors))
 
     # -------------------------------------------------------------------------------- adapters
 
@@ -99,12 +123,12 @@ class RayEngine:
 
     def get_adapter(self, name: str) -> dict[str, torch.Tensor]:
         self._check(name)
-        # a collective under ZeRO-3: every rank gathers, rank 0's copy is returned
+        # a collective under ZeRO-3: every rank gathers, only rank 0 returns its copy
         return _get(self.actors.async_run_method(method_name="get_adapter_state", name=name))[0]
 
     def set_adapter(self, name: str, weights: Mapping[str, torch.Tensor]) -> None:
         self._check(name)
-        tensors = {k: v.detach().to("cpu", torch.float32) for k, v in weights.items()}
+        tensors = ray.put({k: v.detach().to("cpu", torch.float32) for k, v in weights.items()})  # stored once
         _get(self.actors.async_run_method(method_name="set_adapter_state", name=name, tensors=tensors))
         self.upload([name])
 
@@ -127,31 +151,85 @@ class RayEngine:
         self.check_sync(names)
 
     def check_sync(self, names: Sequence[str]) -> dict[str, float]:
-        """For each adapter of ``names`` and each vLLM engine: greedy-decode the probe prompts with vLLM, score
-        the same sequences with the policy actor, and record the largest absolute log-prob difference. Raises
-        :class:`AdapterSyncError` naming the adapter above the tolerance."""
+        """Prove that every vLLM engine serves, for each adapter of ``names``, the weights the trainer holds now.
+
+        1. **Content.** Each engine reports the sha256 of the file it loaded for the adapter and whether vLLM
+           still holds that LoRA id; the policy actor hashes its own current weights in the engine's dtype (an
+           independent path: not the tensors the upload sent). Any difference -- an upload one update stale,
+           one that never arrived, a changed byte -- stops the run with :class:`AdapterSyncError`, in any dtype.
+        2. **Behaviour.** Each engine completes the probe prompts greedily and sampled (temperature 1, fixed
+           seeds) and reports its log-prob of every token; the policy actor scores the same tokens. The mean
+           absolute difference per engine must stay within ``--populora.sync_tolerance`` (the per-dtype
+           default: :data:`SYNC_TOLERANCE`); the largest is recorded as ``sync_logprob_diff``, the mean as
+           ``sync_logprob_mean``. This catches an adapter vLLM applies differently from the trainer.
+
+        Every engine's requests go out at once; the trainer scores all of them, one actor call per adapter.
+        """
         tic = time.perf_counter()
-        out = {}
-        for name in names:
-            worst = 0.0
-            for engine in self.vllm_engines:
-                samples = _get(engine.probe.remote(self._probe, name, PROBE_TOKENS))
-                worst = max(worst, self._probe_difference(name, samples))
-            out[name] = worst
-            if not worst <= self.sync_tolerance:  # NaN fails too
-                raise AdapterSyncError(
-                    f"adapter {name!r}: vLLM's log-probs differ from the trainer's by up to {worst:.3g} (tolerance "
-                    f"{self.sync_tolerance:g}, --populora.sync_tolerance): vLLM is not serving the weights the "
-                    f"trainer holds")
+        names = list(dict.fromkeys(names))
+        try:
+            self.check_content(names)
+            out, means = self.probe_gaps(names)
+        finally:
+            self.sync_seconds += time.perf_counter() - tic
         self.sync.update(out)
-        self.sync_seconds += time.perf_counter() - tic
+        self.sync_mean.update(means)
+        for name in names:
+            if not means[name] <= self.sync_tolerance:  # NaN fails too
+                raise AdapterSyncError(
+                    f"adapter {name!r}: vLLM's log-probs differ from the trainer's by {means[name]:.3g} on "
+                    f"average (up to {out[name]:.3g}; tolerance {self.sync_tolerance:g}, --populora.sync_tolerance):"
+                    f" vLLM does not apply the adapter as the trainer does")
         return out
 
-    def _probe_difference(self, name: str, samples: Sequence[Mapping[str, Any]]) -> float:
-        ours = self.token_log_probs([Trajectory(name, prompt, s["response_ids"], 0.0)
-                                     for prompt, s in zip(self._probe, samples, strict=True)])
-        return max(abs(a - b) for mine, s in zip(ours, samples, strict=True)
-                   for a, b in zip(mine, s["logprobs"], strict=True))
+    def check_content(self, names: Sequence[str]) -> None:
+        """The content half of :meth:`check_sync`: raises :class:`AdapterSyncError` unless every engine holds,
+        for each adapter, a file whose tensors hash as the trainer's current weights in the engine's dtype."""
+        pairs = [(name, engine) for name in names for engine in self.vllm_engines]
+        loaded = _get([engine.loaded_adapter.remote(name) for name, engine in pairs])
+        held: dict[tuple[str, str], str] = {}
+        for (name, _engine), info in zip(pairs, loaded, strict=True):
+            key = (name, info["dtype"])
+            if key not in held:  # a collective under ZeRO-3: every rank gathers, rank 0 answers
+                held[key] = _get(self.actors.async_run_method(method_name="adapter_digest", name=name,
+                                                              dtype=info["dtype"]))[0]
+            if not info["served"]:
+                raise AdapterSyncError(f"adapter {name!r}: vLLM no longer holds LoRA id {info['lora_int_id']}, "
+                                       "the version the rollout actor routes to")
+            if info["sha256"] != held[key]:
+                self.sync_content_failures += 1
+                raise AdapterSyncError(
+                    f"adapter {name!r}: the weights vLLM loaded (sha256 {info['sha256'][:12]}) are not the ones "
+                    f"the trainer holds (sha256 {held[key][:12]}, both in {info['dtype']}): a stale or corrupted "
+                    f"upload")
+
+    def probe_gaps(self, names: Sequence[str]) -> tuple[dict[str, float], dict[str, float]]:
+        """The behaviour half of :meth:`check_sync`: per adapter, the largest |log-prob difference| between
+        vLLM and the trainer over the probe's greedy and sampled tokens on every engine, and the worst engine's
+        mean (NaN if any is NaN)."""
+        pairs = [(name, engine) for name in names for engine in self.vllm_engines]
+        calls = [(name, engine, seed) for name, engine in pairs for seed in (None, PROBE_SEED)]
+        answers = _get([engine.probe.remote(self._probe, name, PROBE_TOKENS, seed=seed)
+                        for name, engine, seed in calls])
+        trajectories, reported, owners = [], [], []
+        for (name, engine, _seed), samples in zip(calls, answers, strict=True):
+            for prompt, sample in zip(self._probe, samples, strict=True):
+                trajectories.append(Trajectory(name, prompt, sample["response_ids"], 0.0))
+                reported.append(sample["logprobs"])
+                owners.append((name, id(engine)))
+        ours = self.token_log_probs(trajectories)
+        gaps: dict[tuple[str, int], list[float]] = {}
+        for owner, mine, theirs in zip(owners, ours, reported, strict=True):
+            gaps.setdefault(owner, []).extend(abs(a - b) for a, b in zip(mine, theirs, strict=True))
+        out: dict[str, float] = {}
+        worst_mean: dict[str, float] = {}
+        for name in names:
+            values = [g for (owner, _), found in gaps.items() if owner == name for g in found]
+            means = [fmean(found) if found else 0.0 for (owner, _), found in gaps.items() if owner == name]
+            nan = any(math.isnan(g) for g in values)
+            out[name] = float("nan") if nan else max(values, default=0.0)
+            worst_mean[name] = float("nan") if nan else max(means, default=0.0)
+        return out, worst_mean
 
     def token_log_probs(self, trajectories: Sequence[Trajectory]) -> list[list[float]]:
         """Each response token's log-prob at temperature 1 under its trajectory's adapter, as the policy actor
@@ -186,9 +264,24 @@ class RayEngine:
             self.upload(missing)
         prompts = [self.tokenizer(r.prompt, add_special_tokens=False)["input_ids"] for r in requests]
         results: list[list[Completion] | None] = [None] * len(requests)
+        # vLLM refuses a prompt as long as its max_model_len (--data.max_len), and one refusal fails the whole
+        # batch: such a prompt is not sent; its answers are a lone EOS (an empty answer, which the loop scores
+        # as a format error) and the run goes on
+        limit = getattr(getattr(self.args, "data", None), "max_len", None)
+        eos = self.tokenizer.eos_token_id
+        too_long = [i for i, p in enumerate(prompts) if limit is not None and len(p) >= int(limit)]
+        for index in too_long:
+            results[index] = [Completion(adapter=requests[index].adapter, prompt_ids=prompts[index],
+                                         response_ids=[eos], text="", finished=True)] * requests[index].n
+        if too_long:
+            self.skipped_prompts += len(too_long)
+            print(f"[populora] {len(too_long)} prompt(s) of {len(prompts)} at or over --data.max_len {limit} tokens "
+                  f"(the longest {max(len(prompts[i]) for i in too_long)}): not generated, answered with an empty "
+                  f"response", file=sys.stderr, flush=True)
         by_n: dict[int, list[int]] = {}
         for index, request in enumerate(requests):
-            by_n.setdefault(request.n, []).append(index)
+            if results[index] is None:
+                by_n.setdefault(request.n, []).append(index)
         # sample j of request i draws with derive_seed(seed, i, j), i being the request's index in this call
         # whichever engine serves it, so no two engines repeat a stream (the local engine's rule too)
         for n, indices in by_n.items():
@@ -218,7 +311,9 @@ class RayEngine:
         if not trajectories:
             return {}
         experiences = build_experiences(trajectories, self._names, self.tokenizer.pad_token_id,
-                                        self.args.rollout.micro_batch_size)
+                                        self.args.rollout.micro_batch_size, ranks=self.data_parallel_size)
+        # each adapter's micro-batches dealt across the data-parallel ranks, every rank padded to the same count
+        experiences = deal_experiences(experiences, self.data_parallel_size, self.tokenizer.pad_token_id)
         changed = sorted({t.adapter for t in trajectories})
         status, self.global_step = self.trainer.train_step(experiences, self.global_step)
         probing = self.sync_seconds
@@ -226,6 +321,7 @@ class RayEngine:
         stats = per_adapter_stats(status, changed)
         for name in changed:
             stats[name]["sync_logprob_diff"] = self.sync[name]
+            stats[name]["sync_logprob_mean"] = self.sync_mean[name]
             stats[name]["sync_seconds"] = (self.sync_seconds - probing) / len(changed)  # its share of the probes
         return stats
 

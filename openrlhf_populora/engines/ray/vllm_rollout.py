@@ -96,14 +96,16 @@ class MultiLoRAConfig:
 def make_multilora_config(max_loras: int, max_lora_rank: int, dtype: str | None = None,
                           max_cpu_loras: int | None = None) -> MultiLoRAConfig:
     """Validate and round: ``max_lora_rank`` goes up to the next rank vLLM accepts (an adapter of rank r
-    needs ``max_lora_rank >= r``); ``max_cpu_loras`` defaults to ``max_loras``."""
+    needs ``max_lora_rank >= r``); ``max_cpu_loras`` defaults to ``max_loras + 1``: an upload adds the new
+    version before it removes the old one, and vLLM's CPU cache (an LRU of ``max_cpu_loras``) would otherwise
+    evict another member at every upload, to be read again from disk on its next request."""
     if max_loras < 1:
         raise ValueError(f"max_loras must be >= 1, got {max_loras}")
     ranks = allowed_lora_ranks()
     fitting = [r for r in ranks if r >= max_lora_rank]
     if max_lora_rank < 1 or not fitting:
         raise ValueError(f"max_lora_rank must be in [1, {ranks[-1]}], got {max_lora_rank}")
-    cpu = max_loras if max_cpu_loras is None else max_cpu_loras
+    cpu = max_loras + 1 if max_cpu_loras is None else max_cpu_loras
     if cpu < max_loras:
         raise ValueError(f"max_cpu_loras ({cpu}) must be >= max_loras ({max_loras})")
     if dtype is not None and dtype not in ("float32", "bfloat16", "float16", "auto"):
@@ -187,7 +189,6 @@ class MultiLoRARollout(RolloutRayActor.__ray_actor_class__):
             kwargs.pop("gpu_memory_utilization", None)  # vLLM rejects None; its default applies
         self.multilora = config
         self._adapters: dict[str, LoRARequest] = {}
-        self._retired: dict[str, LoRARequest] = {}  # the previous version, kept until the next one
         self._ids = itertools.count(1)
         self._base_request: LoRARequest | None = None  # CPU only: the zero adapter serving the base model
         self._adapter_lock = asyncio.Lock()  # uploads are serialized: versions of one name land in id order
@@ -227,8 +228,10 @@ class MultiLoRARollout(RolloutRayActor.__ray_actor_class__):
     async def load_adapter(self, name: str, tensors: Mapping[str, torch.Tensor],
                            lora_config: Mapping[str, Any]) -> int:
         """Serve ``tensors`` (PEFT saved-state keys, any dtype: cast to the engine's) as adapter ``name``
-        from now on, under a fresh ``lora_int_id`` (returned). Requests already running keep the version
-        they started with; the version before that one is deleted."""
+        from now on, under a fresh ``lora_int_id`` (returned). The previous version is removed from vLLM and
+        its files deleted at once (vLLM reads the files when the adapter is added): uploads come between
+        generation calls (the self-play loop runs in lockstep), so one version per adapter is on disk
+        (/dev/shm), not two."""
         if not isinstance(name, str) or not name or name == BASE_ADAPTER or "@" in name:
             raise ValueError(f"invalid adapter name {name!r}: a non-empty string without '@', not {BASE_ADAPTER!r}")
         rank = adapter_rank(tensors)
@@ -267,17 +270,28 @@ class MultiLoRARollout(RolloutRayActor.__ray_actor_class__):
 
     async def _retire(self, name: str, request: LoRARequest) -> None:
         await self.llm.remove_lora(request.lora_int_id)
-        older = self._retired.pop(name, None)
-        if older is not None:
-            shutil.rmtree(older.lora_path, ignore_errors=True)
-        self._retired[name] = request  # its files stay while requests started before the swap may need them
+        shutil.rmtree(request.lora_path, ignore_errors=True)
 
     async def remove_adapter(self, name: str) -> None:
         """Stop serving ``name`` and delete its files."""
         async with self._adapter_lock:
             await self._retire(name, self.lora_request(name))
             del self._adapters[name]
-            shutil.rmtree(self._retired.pop(name).lora_path, ignore_errors=True)
+
+    async def loaded_adapter(self, name: str) -> dict[str, Any]:
+        """What serves ``name`` (the sync proof's content check): its ``lora_int_id``, whether vLLM holds that
+        id (``served``), the engine's ``dtype`` and the ``sha256`` of the tensors in the file vLLM loaded
+        (:func:`digest.adapter_digest`, read back from disk)."""
+        from safetensors.torch import load_file
+
+        from openrlhf_populora.engines.adapter_files import WEIGHTS_FILE
+        from openrlhf_populora.engines.ray.digest import adapter_digest
+
+        request = self.lora_request(name)
+        served = request.lora_int_id in set(await self.llm.list_loras())
+        tensors = load_file(str(Path(request.lora_path) / WEIGHTS_FILE))
+        return {"lora_int_id": request.lora_int_id, "served": served, "dtype": str(self._dtype),
+                "sha256": adapter_digest(tensors)}
 
     def list_adapters(self) -> dict[str, int]:
         """``{adapter name: lora_int_id now serving it}``."""
@@ -353,14 +367,17 @@ class MultiLoRARollout(RolloutRayActor.__ray_actor_class__):
         return results
 
 
-    async def probe(self, prompts: Sequence[Sequence[int]], name: str | None, max_tokens: int
-                    ) -> list[dict[str, Any]]:
-        """The sync probe's vLLM side: greedy completions of ``prompts`` with adapter ``name``, each with the
-        log-prob vLLM gives every generated token (raw logits, temperature 1): ``{"response_ids", "logprobs"}``."""
+    async def probe(self, prompts: Sequence[Sequence[int]], name: str | None, max_tokens: int,
+                    seed: int | None = None) -> list[dict[str, Any]]:
+        """The sync probe's vLLM side: completions of ``prompts`` with adapter ``name``, each with the log-prob
+        vLLM gives every generated token (raw logits, temperature 1): ``{"response_ids", "logprobs"}``. Greedy,
+        or sampled at temperature 1 with per-prompt seeds from ``seed``."""
         self.lora_request(name)
-        params = SamplingParams(n=1, temperature=0.0, max_tokens=int(max_tokens), logprobs=0)
-        outputs = await asyncio.gather(*[asyncio.ensure_future(self._generate_as(name, list(ids), params))
-                                         for ids in prompts])
+        params = [SamplingParams(n=1, temperature=0.0 if seed is None else 1.0, max_tokens=int(max_tokens),
+                                 logprobs=0, seed=None if seed is None else derive_seed(int(seed), i, 0))
+                  for i in range(len(prompts))]
+        outputs = await asyncio.gather(*[asyncio.ensure_future(self._generate_as(name, list(ids), p))
+                                         for ids, p in zip(prompts, params, strict=True)])
         out = []
         for output in outputs:
             completion = output.outputs[0]
