@@ -146,6 +146,8 @@ def test_each_matchup_moves_ratings_toward_its_winner(tmp_path, task_sandbox):
     assert out.games == ["student", "teacher"]
     mu = {m: loop.ratings.mu(m) for m in ("t0", "t1", "s0", "s1")}
     assert mu == pytest.approx({"t0": 20.604, "s1": 29.396, "t1": 29.396, "s0": 20.604}, abs=1e-3)
+    # each game is logged at the step it was played (catches games recorded under step None or 0)
+    assert {m: loop.ratings.history[m][-1]["step"] for m in mu} == {m: 1 for m in mu}
 
 
 def _every_task_valid(adapter, prompt, sample, rng, calls):
