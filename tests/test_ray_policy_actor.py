@@ -152,7 +152,7 @@ def same(a, b) -> bool:
 def distinct_adapters(actor):
     gen = torch.Generator().manual_seed(0)
     for name in NAMES:
-        state = actor.get_adapter_state(name)
+        state = actor.get_adapter_state(name, all_ranks=True)  # every rank perturbs its own copy alike
         actor.set_adapter_state(name, {k: v + 0.1 * torch.randn(v.shape, generator=gen) for k, v in state.items()})
 
 
