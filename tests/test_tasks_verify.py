@@ -127,6 +127,30 @@ def test_code_i_any_input_giving_the_output_is_correct(sandbox):
     ]) == [OK, OK, OK, WRONG, WRONG, WRONG, BAD]
 
 
+def test_code_i_answered_as_code_is_read_exactly(sandbox):
+    """What the 0.5B instruct model writes instead of an ```input block (benchmarks/format_rate.py): a ```python
+    block with one call of f, or assignments to f's parameters. Read as exactly those arguments; anything else
+    in such a block stays malformed. Catches the fallback missing (all BAD), a call of another function read as
+    f's (``input(3, 4)``), assignments to other names or to a subset of the parameters, and an assignment's
+    value taken without the literal check."""
+    task = triplet("code_i", "def f(a, b):\n    return a * b\n", "3, 4", "12")
+    assert verdicts(sandbox, task, [
+        prog("f(3, 4)"), prog("print(f(2, 6))"), prog("b = 12\na = 1"), prog("a = 1\nb = 11"),
+        prog("input(3, 4)"), prog("x = 3\ny = 4"), prog("a = 12"), prog("a = 3\nb = 4\nprint(f(a, b))"),
+        prog("a = len('abc')\nb = 4"), prog("f(3, 4)\nf(2, 6)"),
+    ]) == [OK, OK, OK, WRONG, BAD, BAD, BAD, BAD, BAD, BAD]
+    no_fallback = TaskRules(answer_from_code=False)
+    assert not verify_answer(task, prog("f(3, 4)"), sandbox, rules=no_fallback).format_ok
+
+
+def test_code_o_answered_as_code_must_be_the_value_alone(sandbox):
+    """A ```python block holding only the value is the answer; one holding a computation is not. Catches the
+    fallback missing and a python block's code being accepted as a value."""
+    task = triplet("code_o", "def f(x):\n    return x + 1\n", "3", "4")
+    assert verdicts(sandbox, task, [prog("4"), prog("5"), prog("f(3)"), prog("3 + 1"), prog("x = 4")]) \
+        == [OK, WRONG, BAD, BAD, BAD]
+
+
 def test_code_i_injection_is_never_executed(sandbox, tmp_path):
     marker = tmp_path / "pwned"
     task = triplet("code_i", "def f(x):\n    return x\n", "1", "1")

@@ -207,16 +207,19 @@ COMPACT_TEMPLATES = PromptTemplates(
         "Write a new Python function `f` (at least one argument, deterministic, returns a value; helpers and "
         "classes allowed) and one input for it. Someone shown $shown must find $hidden. Make $difficulty "
         "hard, and make it different from the examples. Do not use: $banned.\n$answer_format Answer with "
-        "one ```python block and one ```input block (the call's arguments, e.g. `'abc', [1, 2]`).\n"
-        "Examples:\n$references\n"),
+        "one ```python block and one ```input block (the call's arguments), like this:\n<answer>\n```python\n"
+        "def f(s, k):\n    ...\n```\n```input\n'abc', 2\n```\n</answer>\nExamples:\n$references\n"),
     propose_induction=(
         "Here is a program:\n```python\n$program\n```\nWrite $n different inputs for `f` (each in its own "
         "```input block, as the call's arguments) that give varied outputs, and a ```message block hinting "
         "at what `f` does, without code.\n$answer_format\n"),
     solve_output=("What does `f` return?\n```python\n$program\n```\n```input\n$input\n```\n$answer_format "
-                  "Give the value as a Python literal in one ```output block.\n"),
+                  "Give the value as a Python literal in one ```output block, like this:\n<answer>\n```output\n"
+                  "[1, 'a']\n```\n</answer>\n"),
     solve_input=("Find an input for which `f` returns this output.\n```python\n$program\n```\n```output\n"
-                 "$output\n```\n$answer_format Give the call's arguments in one ```input block.\n"),
+                 "$output\n```\n$answer_format Give the arguments of the call `f(...)` in one ```input block "
+                 "(only the arguments, as Python literals), like this:\n<answer>\n```input\n'abc', 2\n```\n"
+                 "</answer>\n"),
     solve_function=("Write a function `f` that gives these outputs (it is also tested on other inputs). Hint: "
                     "$message\n$pairs\n$answer_format Give the program in one ```python block.\n"),
     reference_outputs=False,

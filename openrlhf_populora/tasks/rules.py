@@ -51,6 +51,10 @@ class TaskRules:
     # still none: the first UNLABELLED fenced block after the program holding a call of f or text that reads
     # as arguments ("```\nf(2)\n```", "```\n4, 5\n```"), the other ways small models drop the ```input label
     input_from_unlabelled: bool = True
+    # a solver's answer written as code when no ```output / ```input block is found: a ```python block holding
+    # only the value (code_o), or only a call of f or assignments to exactly f's parameters (code_i); the
+    # 0.5B instruct model answers code_i this way almost every time (benchmarks/format_rate.py)
+    answer_from_code: bool = True
     determinism_runs: int = 2  # separate sandbox executions that must agree (AZR: j = 2, in one process)
 
     def __post_init__(self) -> None:

@@ -24,12 +24,21 @@ time limit). Everything of one call goes to the sandbox as ONE batch.
 
 from __future__ import annotations
 
+import ast
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from openrlhf_populora.tasks.checks import _call_arguments
 from openrlhf_populora.tasks.harness import input_gives_item, outputs_item, read_result, same_output_item
-from openrlhf_populora.tasks.parsing import ParseError, extract_answer, find_program_block, find_value_block
+from openrlhf_populora.tasks.parsing import (
+    ParseError,
+    blocks_tagged,
+    extract_answer,
+    find_program_block,
+    find_value_block,
+)
 from openrlhf_populora.tasks.programs import parse_program
 from openrlhf_populora.tasks.records import Task
 from openrlhf_populora.tasks.rules import TaskRules
@@ -75,6 +84,60 @@ def _allowed_classes(task: Task) -> frozenset[str]:
     return program_classes & used
 
 
+def _entry_parameters(program: str) -> list[str] | None:
+    """The positional parameter names of the program's ``f`` (None when it has ``*args``, keyword-only or
+    ``**kwargs`` parameters, or no top-level ``f``)."""
+    try:
+        tree = ast.parse(program)
+    except SyntaxError:
+        return None
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "f":
+            a = node.args
+            if a.vararg or a.kwarg or a.kwonlyargs:
+                return None
+            return [p.arg for p in [*a.posonlyargs, *a.args]]
+    return None
+
+
+def _assigned_arguments(block: str, parameters: list[str]) -> str | None:
+    """``x = 3`` / ``a = 'x'; b = [1]``: the block assigns each of ``f``'s parameters exactly once and does
+    nothing else; the values, in parameter order, as call arguments (the caller checks they are literals)."""
+    try:
+        tree = ast.parse(textwrap.dedent(block))
+    except SyntaxError:
+        return None
+    values: dict[str, str] = {}
+    for stmt in tree.body:
+        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
+            return None
+        name = stmt.targets[0].id
+        if name in values:
+            return None
+        values[name] = ast.unparse(stmt.value)
+    if not parameters or sorted(values) != sorted(parameters):
+        return None
+    return ", ".join(values[p] for p in parameters)
+
+
+def _value_from_code(region: str, kind: str, task: Task) -> str | None:
+    """A solver answer written as code instead of the ```output / ```input block asked for (what small instruct
+    models do): the last ```python block holding only the value (code_o), or only a call ``f(...)`` (bare or
+    printed) or assignments to exactly ``f``'s parameters (code_i). The text returned still has to parse as a
+    value literal or an argument list: nothing here is executed or evaluated."""
+    blocks = blocks_tagged(region, "python", "py", "python3")
+    if not blocks:
+        return None
+    block = blocks[-1].strip()
+    if kind == "output":
+        return block
+    call = _call_arguments(block, "f")
+    if call and len([s for s in block.splitlines() if s.strip()]) == 1:
+        return call[0]
+    parameters = _entry_parameters(task.program)
+    return _assigned_arguments(block, parameters) if parameters is not None else None
+
+
 def _parse_answer(task: Task, text: str, rules: TaskRules) -> Verdict:
     """Static part: find and parse the answer; ``answer`` holds it canonically when format_ok."""
     if not isinstance(text, str):
@@ -91,6 +154,8 @@ def _parse_answer(task: Task, text: str, rules: TaskRules) -> Verdict:
         else:
             kind = "output" if task.task_type == "code_o" else "input"
             block = find_value_block(region, kind)
+            if block is None and rules.answer_from_code:
+                block = _value_from_code(region, kind, task)
             if block is None:
                 return Verdict(False, False, f"no_{kind}", tags_ok)
             classes = _allowed_classes(task)
