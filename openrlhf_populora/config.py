@@ -199,6 +199,12 @@ class PopuLoRAConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     evolution: EvolutionConfig = field(default_factory=EvolutionConfig)
     report: bool = field(default=True, metadata={"help": "render the run's figures at the end"})
+    probe_size: int = field(default=4, metadata={
+        "help": "learning diagnostics (metrics/learning.py): prompts per role in the fixed probe on which each "
+                "member's KL from the base is measured (responses sampled once from the base after seeding); "
+                "0 turns the diagnostics off"})
+    probe_every: int = field(default=1, metadata={
+        "help": "measure each member's update size and probe KL every N steps (and at the last step)"})
     sync_tolerance: float | None = field(default=None, metadata={
         "help": "Ray engine: after every adapter upload (whose content is also checked by hash), the mean |log-prob| "
                 "difference allowed between vLLM and the trainer on a fixed probe's greedy and sampled tokens, per "
@@ -240,12 +246,14 @@ class Config:
             "populora.buffer_capacity": p.buffer_capacity, "populora.seed_tasks": p.seed_tasks,
             "populora.seed_max_rounds": p.seed_max_rounds, "train.max_epochs": self.train.max_epochs,
             "logger.logging_steps": self.logger.logging_steps, "ckpt.max_num": self.ckpt.max_num,
+            "populora.probe_every": p.probe_every,
         }
         for name, value in positive.items():
             if value <= 0:
                 raise ValueError(f"--{name} must be > 0, got {value}")
         for name, value in {"populora.references": p.references, "populora.recency_window": p.recency_window,
-                            "populora.num_threads": p.num_threads, "ckpt.keep_every": self.ckpt.keep_every}.items():
+                            "populora.num_threads": p.num_threads, "ckpt.keep_every": self.ckpt.keep_every,
+                            "populora.probe_size": p.probe_size}.items():
             if value < 0:
                 raise ValueError(f"--{name} must be >= 0, got {value}")
         if not 0.0 <= self.ds.lora.dropout < 1.0:

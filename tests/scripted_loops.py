@@ -13,7 +13,8 @@ from openrlhf_populora.selfplay.loop import SelfPlay
 
 
 def tiny_config(**populora) -> Config:
-    """The tiny model, one task type (code_o), shipped seed tasks, no evolution; ``populora`` overrides."""
+    """The tiny model, one task type (code_o), shipped seed tasks, no evolution, no learning probe;
+    ``populora`` overrides."""
     config = Config()
     config.actor.model_name_or_path = "tiny"
     config.ds.lora.rank = 2
@@ -22,6 +23,7 @@ def tiny_config(**populora) -> Config:
     p.task_types = ["code_o"]
     p.seed_file = "configs/seeds/basic.jsonl"
     p.evolution.enabled = False
+    p.probe_size = 0  # the learning probe's base samples would take the scripted policies' first answers
     for key, value in populora.items():
         setattr(p, key, value)
     config.validate()

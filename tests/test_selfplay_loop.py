@@ -143,7 +143,7 @@ def test_population_run_end_to_end(tmp_path, monkeypatch):
 
     # the progress bar names each phase of each step, in order
     phases = [d.removeprefix("self-play [").removesuffix("]") for d in _RecordingBar.descriptions]
-    order = ["match", "propose", "check", "solve", "verify", "train", "evolve"]
+    order = ["match", "propose", "check", "solve", "verify", "train", "evolve", "probe"]
     assert phases == order * 2
     # every trajectory carries its whitening group: member/role/task type, of the member in that adapter slot
     groups = {t.group for t in ScriptedEngine.trained}
@@ -163,6 +163,13 @@ def test_population_run_end_to_end(tmp_path, monkeypatch):
     assert any(k.startswith("matrix/t") for k in first)
     assert first["coverage/overall"] > 0 and first["complexity/ast_nodes"] > 0
     assert first["train/grad_norm"] > 0  # adapters really trained
+    # the learning diagnostics: every living member, in its role, each step; the mean over members
+    for record in records:
+        sizes = {k.split("/")[2]: v for k, v in record.items() if k.endswith("/all/update_size")}
+        kls = {k.split("/")[2]: v for k, v in record.items() if k.endswith("/all/probe_kl")}
+        assert sorted(sizes) == sorted(kls) == ["student"] * 2 + ["teacher"] * 2
+        assert all(v >= 0 for v in sizes.values())
+        assert record["learning/update_size"] > 0 and record["time/probe"] > 0
 
     # ratings moved away from the prior, and evolution at step k=1 replaced members with children; the last step
     # (2) made none: they would never have trained

@@ -26,6 +26,9 @@ Key families (``<tt>`` is a task type such as ``code_o``; ``all`` aggregates ove
 ``sync/max_abs_logprob_diff``                    Ray engine: the largest |log-prob| difference between vLLM and
                                                  the trainer on the sync probe after this step's uploads
                                                  (per member: ``member/<id>/<role>/all/sync_logprob_diff``)
+``learning/<metric>``                             mean over members of how far each has moved from the base
+                                                 (``LEARNING_METRICS``; per member: ``member/<id>/<role>/all/
+                                                 <metric>``, ``probe_kl`` on its role's probe)
 ``time/<phase>``                                 wall-clock seconds of a phase (``generate_*``,
                                                  ``execute_*``, ``train``, ``evolve``, ``step``, ...)
 ``population/<name>``                            ``num_teachers``, ``num_students``
@@ -72,6 +75,11 @@ TRAIN_METRICS = {
     "lr": (None, "learning rate"),
 }
 SYNC_KEY = "sync/max_abs_logprob_diff"
+# how far each member has moved from the frozen base (metrics/learning.py), measured every populora.probe_every steps
+LEARNING_METRICS = {
+    "update_size": "relative Frobenius norm of the adapter's update, ||s B A|| / ||W|| over all adapted modules",
+    "probe_kl": "mean per-token KL(base || member) on a fixed probe of the role's prompts with base responses",
+}
 SYNC_DIAGNOSTIC = "sync_logprob_diff"  # the engine's per-adapter diagnostic, and the member metric's name
 COMPLEXITY_AXES = ("ast_depth", "ast_nodes", "cyclomatic", "loc", "halstead_volume")
 COVERAGE_METRICS = {
@@ -171,6 +179,12 @@ def member_key(member_id: str, role: str, metric: str, task_type: str = ALL) -> 
     """``member/<member_id>/<role>/<task_type>/<metric>``; ``metric`` may not contain ``/``."""
     return (f"member/{_segment(member_id, 'member_id')}/{_role(role)}/{_segment(task_type, 'task_type')}/"
             f"{_segment(metric, 'metric')}")
+
+
+def learning_key(metric: str) -> str:
+    if metric not in LEARNING_METRICS:
+        raise ValueError(f"unknown learning metric {metric!r}; expected one of {', '.join(LEARNING_METRICS)}")
+    return f"learning/{metric}"
 
 
 def time_key(phase: str) -> str:

@@ -35,7 +35,7 @@ import random
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from statistics import fmean
 from typing import Any
@@ -64,6 +64,7 @@ from openrlhf_populora.population import (
 from openrlhf_populora.rewards import student_reward, teacher_reward
 from openrlhf_populora.sandbox import Executor
 from openrlhf_populora.selfplay.advantages import whiten_by_group
+from openrlhf_populora.selfplay.probe import PROBE_FILE, LearningMeter, Probe, build_probe
 from openrlhf_populora.tasks import (
     COMPACT_TEMPLATES,
     DEFAULT_TEMPLATES,
@@ -138,6 +139,8 @@ class StepOutput:
     trained: dict[str, str]  # adapter -> the member that trained in it this step (before evolution)
     evolution: list[dict[str, Any]]
     timings: dict[str, float]
+    # (member id, role) -> update_size / probe_kl (metrics/learning.py), on the steps they are measured
+    learning: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
 
 
 class SelfPlay:
@@ -167,6 +170,8 @@ class SelfPlay:
         self.frozen: set[str] = set()
         self._sampling = SamplingParams(temperature=config.rollout.temperature, top_p=config.rollout.top_p,
                                         max_new_tokens=config.rollout.max_new_tokens)
+        self.probe: Probe | None = None  # the learning probe (selfplay/probe.py), built after seeding
+        self._meter: LearningMeter | None = None
 
     # ---------------------------------------------------------------------------------------------
     # set-up
@@ -202,7 +207,45 @@ class SelfPlay:
                 seeder.feed(requests, [out[0].text for out in outputs], self.sandbox)
         sizes = {tt: self.buffers.size(tt) for tt in self.p.task_types}
         log.info("seeded the task buffers: %s", sizes)
+        if self.p.probe_size > 0:
+            self.probe = self._build_probe()
         return sizes
+
+    def _build_probe(self) -> Probe:
+        """``probe_size`` proposer and solver prompts from the buffers (task types in turn), each answered once
+        by the frozen base at the run's temperature and top-p 1 (so the probe KL is the tempered policies')."""
+        rng = step_rng(self.config.train.seed, 0, "probe")
+        types = list(self.p.task_types)
+        teacher, student = [], []
+        for i in range(self.p.probe_size):
+            task_type = types[i % len(types)]
+            context = self._proposer_context(task_type, rng)
+            teacher.append(self._render(proposer_prompt(task_type, **context, timeout_s=self.p.sandbox.timeout_s,
+                                                        templates=self.templates)))
+            tasks = self.buffers.tasks(task_type)
+            if tasks:
+                task = rng.choice(tasks)
+                if task.task_type != task_type:  # a triplet played as the other triplet type
+                    task = replace(task, task_type=task_type)
+                student.append(self._render(solver_prompt(task, self.templates)))
+        params = SamplingParams(self._sampling.temperature, 1.0, self._sampling.max_new_tokens,
+                                seed=step_seed(self.config.train.seed, 0, "probe"))
+        return build_probe(self.engine, {"teacher": teacher, "student": student}, params)
+
+    def _learning_due(self, t: int) -> bool:
+        return self.probe is not None and (t % self.p.probe_every == 0 or t == self.p.total_steps)
+
+    def _measure_learning(self) -> dict[tuple[str, str], dict[str, float]]:
+        """Each living member's update size and probe KL, in the roles it plays (metrics/learning.py)."""
+        if self._meter is None:
+            from openrlhf_populora.models.embedded import resolve_model
+
+            lora = self.config.ds.lora
+            self._meter = LearningMeter(self.engine, resolve_model(self.config.actor.model_name_or_path),
+                                        lora.alpha / lora.rank)
+        members = [(m.id, m.adapter, [r for r, plays in (("teacher", m.teaches), ("student", m.solves)) if plays])
+                   for m in self.population.alive()]
+        return self._meter.measure(self.probe, members)
 
     # ---------------------------------------------------------------------------------------------
     # one step
@@ -294,9 +337,17 @@ class SelfPlay:
         events = self._evolve(t) if self._evolution_due(t) else []
         timings["evolve"] = time.perf_counter() - tic
 
+        # 8. how far each member has moved from the base (diagnostics only)
+        learning = {}
+        if self._learning_due(t):
+            self._enter("probe")
+            tic = time.perf_counter()
+            learning = self._measure_learning()
+            timings["probe"] = time.perf_counter() - tic
+
         self.step = t
         timings["step"] = sum(timings.values())
-        return StepOutput(t, proposals, attempts, matchups, games, train_stats, trained, events, timings)
+        return StepOutput(t, proposals, attempts, matchups, games, train_stats, trained, events, timings, learning)
 
     # ---------------------------------------------------------------------------------------------
     # pieces of a step
@@ -441,6 +492,8 @@ class SelfPlay:
         self.buffers.save(directory / "buffers.jsonl")
         self.archive.save(directory / "archive")
         (directory / "loop.json").write_text(json.dumps({"step": self.step}))
+        if self.probe is not None:
+            self.probe.save(directory / PROBE_FILE)
 
     def load_state(self, directory: Path) -> None:
         self.engine.load_state(str(directory / "engine"))
@@ -449,6 +502,9 @@ class SelfPlay:
         self.buffers = TaskBuffers.load(directory / "buffers.jsonl", capacity=self.p.buffer_capacity)
         self.archive = CoverageArchive.load(directory / "archive")
         self.step = json.loads((directory / "loop.json").read_text())["step"]
+        # a checkpoint from before the probe existed (or with it off) resumes without one
+        probe = directory / PROBE_FILE
+        self.probe = Probe.load(probe) if probe.exists() and self.p.probe_size > 0 else None
 
 
 def _is_scalar(value: Any) -> bool:

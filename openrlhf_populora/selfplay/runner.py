@@ -203,7 +203,7 @@ class _DeferredStop:
         self._previous.clear()
 
 
-STEP_PHASES = ("match", "propose", "check", "solve", "verify", "train", "evolve")  # SelfPlay.run_step's, in order
+STEP_PHASES = ("match", "propose", "check", "solve", "verify", "train", "evolve", "probe")  # SelfPlay.run_step's, in order
 
 
 def run(config: Config, build_engine: Callable[[Config], Any], sandbox_factory: Callable[[], Any] | None = None,

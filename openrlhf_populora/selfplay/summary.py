@@ -17,6 +17,7 @@ from openrlhf_populora.metrics.keys import (
     SYNC_DIAGNOSTIC,
     SYNC_KEY,
     complexity_key,
+    learning_key,
     matchup_key,
     matrix_key,
     member_key,
@@ -107,6 +108,16 @@ def step_metrics(loop: Any, output: Any) -> dict[str, Any]:
     if syncs:
         out[SYNC_KEY] = max(syncs.values())
         out[time_key("sync_probe")] = sum(float(stats.get("sync_seconds", 0.0)) for stats in output.train_stats.values())
+
+    # how far each member has moved from the base, and the mean over members (a baseline member counts once,
+    # with its probe KL averaged over its two roles)
+    learning: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for (member_id, role), values in output.learning.items():
+        for name, value in values.items():
+            out[member_key(member_id, role, name)] = value
+            learning[name][member_id].append(value)
+    for name, per_member in learning.items():
+        out[learning_key(name)] = fmean(fmean(v) for v in per_member.values())
 
     # coverage (cumulative archive) and ratings
     out.update(loop.archive.metrics([m.id for m in population.teachers()]))

@@ -305,9 +305,9 @@ class LocalEngine:
 
     @torch.no_grad()
     def token_log_probs(self, trajectories: Sequence[Trajectory]) -> list[list[float]]:
-        """Each response token's log-prob (at ``logprob_temperature``) under its trajectory's adapter, in order
-        (not in the protocol; for diagnostics and tests)."""
-        self._check_trajectories(trajectories)
+        """Each response token's log-prob (at ``logprob_temperature``) under its trajectory's adapter, in order;
+        ``BASE_ADAPTER`` scores under the frozen base (not in the protocol; for diagnostics and tests)."""
+        self._check_trajectories(trajectories, allow_base=True)
         self.peft.eval()
         batches = micro_batches(trajectories, self.config.micro_batch_size, self.config.share_prompts)
         out: list[list[float]] = [[] for _ in trajectories]
@@ -327,10 +327,11 @@ class LocalEngine:
             raise RuntimeError("this engine was configured for inference (LocalEngineConfig.for_inference): it "
                                "has no optimizer settings and cannot train")
 
-    def _check_trajectories(self, trajectories: Sequence[Trajectory]) -> None:
+    def _check_trajectories(self, trajectories: Sequence[Trajectory], allow_base: bool = False) -> None:
         vocab = self.base.get_input_embeddings().num_embeddings
         for t in trajectories:
-            self._check_adapter(t.adapter)
+            if not (allow_base and t.adapter == BASE_ADAPTER):
+                self._check_adapter(t.adapter)
             if not t.prompt_ids or not t.response_ids:
                 raise ValueError(f"trajectory for {t.adapter!r} has an empty prompt or response")
             if not all(0 <= x < vocab for x in [*t.prompt_ids, *t.response_ids]):
