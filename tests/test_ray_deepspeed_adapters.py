@@ -283,3 +283,22 @@ def test_all_in_graph_routing_is_bit_identical_and_gives_others_zero_gradients(t
     assert norms["s0"] > 0 and all(norms[n] == 0.0 for n in NAMES if n != "s0"), norms
     actor.model.step()
     assert torch.equal(log_probs(actor, "t0"), alone["t0"])  # back to plain routing: scalings restored
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_base_routing_scores_the_frozen_base_and_restores_the_adapters(tiny_model_dir, stage):
+    """BASE_ADAPTER (the learning probe's base log-probs on the Ray engine) gives exactly what a fresh (B = 0)
+    adapter gives, with every adapter moved; the next activation routes through its adapter again. Catches
+    the base scored through the last active adapter and scalings left at zero afterwards."""
+    from openrlhf_populora.engines.base import BASE_ADAPTER
+
+    actor = make_actor(tiny_model_dir, stage, names=[*NAMES, "fresh"])
+    fresh = log_probs(actor, "fresh")
+    gen = torch.Generator().manual_seed(3)
+    for name in NAMES:
+        state = A.adapter_state(actor, name)
+        A.write_adapter(actor, name, {k: v + 0.1 * torch.randn(v.shape, generator=gen) for k, v in state.items()})
+    before = log_probs(actor, "t0")
+    assert torch.equal(log_probs(actor, BASE_ADAPTER), fresh)
+    assert not torch.equal(before, fresh)
+    assert torch.equal(log_probs(actor, "t0"), before)

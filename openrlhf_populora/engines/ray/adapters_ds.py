@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from openrlhf_populora.engines.base import BASE_ADAPTER
 from openrlhf_populora.engines.seeding import adapter_init_seed
 
 MOMENT_KEYS = ("exp_avg", "exp_avg_sq")  # Adam's optimizer state per parameter
@@ -126,8 +127,17 @@ def activate(model: Any, name: str, all_in_graph: bool = False) -> None:
     the parameters a rank touches, and different sets on different ranks mix gradients (measured on 2 gloo
     ranks: wrong updates under ZeRO-2; a "disagreement on list contents" error under ZeRO-3). It costs one
     LoRA product per adapter per layer.
+
+    ``name == BASE_ADAPTER``: the frozen base, as every adapter in the graph with every scaling 0 (no-grad
+    scoring only, e.g. the learning probe's base log-probs; the same parameters on every rank under ZeRO-3).
     """
     peft = peft_model(model)
+    if name == BASE_ADAPTER:
+        peft.base_model.set_adapter(list(peft.peft_config))
+        _route_scaling(peft, BASE_ADAPTER)  # no adapter has that name: every scaling is zeroed
+        peft._populora_routed = name
+        enable_all_lora_grads(peft)
+        return
     if name not in peft.peft_config:
         raise KeyError(f"unknown adapter {name!r}; the model holds {list(peft.peft_config)}")
     if all_in_graph:
