@@ -201,25 +201,28 @@ class PromptTemplates:
 DEFAULT_TEMPLATES = PromptTemplates()
 
 # Short versions with the same structure and answer format, for small models and short context windows
-# (the default proposer prompt is about 2,000 characters before its references).
+# (the default proposer prompt is about 2,000 characters before its references). The 0.5B instruct model
+# copies whatever example answer a prompt holds: solver prompts with an example value got it back in 68 answers
+# of 96 (solved 0/96), with a placeholder ("(the value f returns)") got the placeholder in 14 and code_o's
+# format rate fell from 0.62 to 0.21; so the solver prompts name the block and nothing more
+# (benchmarks/format_rate.py). The proposer prompt shows the answer's shape with
+# placeholders, which raised valid proposals from 6/16 to 12/16 on the same references.
 COMPACT_TEMPLATES = PromptTemplates(
     propose_triplet=(
         "Write a new Python function `f` (at least one argument, deterministic, returns a value; helpers and "
         "classes allowed) and one input for it. Someone shown $shown must find $hidden. Make $difficulty "
         "hard, and make it different from the examples. Do not use: $banned.\n$answer_format Answer with "
-        "one ```python block and one ```input block (the call's arguments), like this:\n<answer>\n```python\n"
-        "def f(s, k):\n    ...\n```\n```input\n'abc', 2\n```\n</answer>\nExamples:\n$references\n"),
+        "one ```python block and one ```input block, in this shape:\n<answer>\n```python\n(your function f)\n```"
+        "\n```input\n(the arguments of one call of f, as Python literals)\n```\n</answer>\nExamples:\n"
+        "$references\n"),
     propose_induction=(
         "Here is a program:\n```python\n$program\n```\nWrite $n different inputs for `f` (each in its own "
         "```input block, as the call's arguments) that give varied outputs, and a ```message block hinting "
         "at what `f` does, without code.\n$answer_format\n"),
     solve_output=("What does `f` return?\n```python\n$program\n```\n```input\n$input\n```\n$answer_format "
-                  "Give the value as a Python literal in one ```output block, like this:\n<answer>\n```output\n"
-                  "[1, 'a']\n```\n</answer>\n"),
+                  "Give the value as a Python literal in one ```output block.\n"),
     solve_input=("Find an input for which `f` returns this output.\n```python\n$program\n```\n```output\n"
-                 "$output\n```\n$answer_format Give the arguments of the call `f(...)` in one ```input block "
-                 "(only the arguments, as Python literals), like this:\n<answer>\n```input\n'abc', 2\n```\n"
-                 "</answer>\n"),
+                 "$output\n```\n$answer_format Give the call's arguments in one ```input block.\n"),
     solve_function=("Write a function `f` that gives these outputs (it is also tested on other inputs). Hint: "
                     "$message\n$pairs\n$answer_format Give the program in one ```python block.\n"),
     reference_outputs=False,
