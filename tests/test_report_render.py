@@ -45,6 +45,7 @@ EXPECTED = {
     "task_types.png": 6,  # 3 task types x (solve rate, validity)
     "response_length.png": 2,
     "diagnostics.png": 5,
+    "learning.png": 9,  # update size, 2 x probe KL, 3 task types x (format rate, validity)
     "timing.png": 2,  # one per run
     "ratings_population.png": 3,
     "matrix_population.png": 6,  # 5 snapshots + colour bar

@@ -21,6 +21,7 @@ from openrlhf_populora.metrics.keys import (
     MEMBER_COVERAGE,
     complexity_key,
     coverage_key,
+    learning_key,
     matchup_key,
     train_key,
 )
@@ -234,6 +235,26 @@ def diagnostics(runs: Sequence[RunData], window: int = 1) -> Figure:
              "lr": "learning rate"}
     specs = [(train_key(m), ["teacher", "student"], m, ALL, label, None, 1.0) for m, label in names.items()]
     return _panels(runs, window, specs, "Training diagnostics", "training diagnostics", cols=3)
+
+
+def learning(runs: Sequence[RunData], window: int = 1) -> Figure:
+    """Whether the adapters move (metrics/learning.py), beside the format rates that change first: each
+    member's update size and probe KL from the base per role, and the students' format rate and the teachers'
+    validity per task type."""
+    found = {t for run in runs for t in run.task_types()}
+    types = [t for t in AZR_TASK_ORDER if t in found] + sorted(found - set(AZR_TASK_ORDER))
+    specs = [
+        (learning_key("update_size"), ["teacher", "student"], "update_size", ALL, "update size ||sBA|| / ||W||",
+         None, 1.0),
+        (None, ["teacher"], "probe_kl", ALL, "teacher probe KL from base (nats/token)", None, 1.0),
+        (None, ["student"], "probe_kl", ALL, "student probe KL from base (nats/token)", None, 1.0),
+    ]
+    for tt in types:
+        specs.append((train_key("format_rate", tt), ["student"], "format_rate", tt, f"{tt}: student format rate",
+                      (0, 1), 1.0))
+        specs.append((train_key("validity", tt), ["teacher"], "validity", tt, f"{tt}: teacher validity", (0, 1), 1.0))
+    return _panels(runs, window, specs, "Learning: distance from the base, and the format rates", "learning keys",
+                   cols=3)
 
 
 AZR_TASK_ORDER = ("code_o", "code_i", "code_f")

@@ -29,6 +29,7 @@ COMPARISON_FIGURES: tuple[tuple[str, Callable], ...] = (
     ("task_types", plots.task_types),
     ("response_length", plots.response_length),
     ("diagnostics", plots.diagnostics),
+    ("learning", plots.learning),
     ("timing", plots.timing),
 )
 PER_RUN_FIGURES: tuple[tuple[str, Callable], ...] = (

@@ -21,6 +21,7 @@ from openrlhf_populora.metrics.keys import (
     PROBLEMS_FILE,
     complexity_key,
     coverage_key,
+    learning_key,
     matchup_key,
     matrix_key,
     member_key,
@@ -102,6 +103,11 @@ def write_synthetic_run(run_dir: str | Path, mode: str = "population", steps: in
                 for axis, scale in zip(COMPLEXITY_AXES, (1.0, 8.0, 0.8, 1.5, 20.0), strict=True):
                     m[member_key(t, "teacher", axis)] = max(0.0, scale * (level + 2) + rng.gauss(0, scale * 0.3))
                 m[member_key(t, "teacher", "coverage")] = coverage / max(1, len(teachers)) * rng.uniform(0.8, 1.2)
+            # how far each member moved from the base (no draws from rng: the other series stay as they were)
+            for k, (member, role) in enumerate([(s, "student") for s in students] + [(t, "teacher") for t in teachers]):
+                m[member_key(member, role, "update_size")] = 0.004 * frac * (1 + 0.1 * k)
+                m[member_key(member, role, "probe_kl")] = 0.05 * frac * (1 + 0.1 * k)
+            m[learning_key("update_size")] = 0.004 * frac
             for metric, role_rates in (("solve_rate", student_rates), ("validity", teacher_valid)):
                 for tt in task_types:
                     m[train_key(metric, tt)] = sum(r[tt] for r in role_rates.values()) / len(role_rates)
