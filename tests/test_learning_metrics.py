@@ -59,10 +59,13 @@ def test_base_norms_come_from_the_adapted_weights_in_the_checkpoint(tmp_path):
         base_weight_norms(tmp_path, [M1, M2])
 
 
-def test_probe_kl_averages_per_token_over_responses():
-    """(1 + 2) / 2 tokens = 1.5 for the first response, 0 for the second: 0.75. Catches a sum over tokens instead
-    of a mean (1.5), the sign reversed (-0.75), and a mean over all tokens pooled (1.0)."""
-    assert probe_kl([[-1.0, -1.0], [-0.5]], [[-2.0, -3.0], [-0.5]]) == pytest.approx(0.75)
+def test_probe_kl_averages_the_k3_estimate_per_token_over_responses():
+    """log r = -1 and -2 on the first response's tokens: (e^-1 - 1 + 1 + e^-2 - 1 + 2) / 2 = 0.751607; 0 on the
+    second: 0.375804. Catches the plain log-ratio (0.75), r taken the other way round (2.553), a sum over tokens
+    instead of a mean (0.751607) and a mean over all tokens pooled (0.501071)."""
+    assert probe_kl([[-1.0, -1.0], [-0.5]], [[-2.0, -3.0], [-0.5]]) == pytest.approx(
+        (math.exp(-1) + math.exp(-2) + 1) / 4, rel=1e-12)
+    assert probe_kl([[-1.0]], [[-1.0]]) == 0.0
     with pytest.raises(ValueError):
         probe_kl([[-1.0]], [[-1.0, -2.0]])
 
@@ -105,8 +108,8 @@ def test_the_probe_scores_base_responses_under_the_base_and_a_fresh_adapter_sits
     meter = LearningMeter(engine, resolve_model("tiny"), scaling=8 / 4)
     out = meter.measure(probe, [("a", "fresh", ["teacher"]), ("b", "moved", ["teacher", "student"])])
     # 0 up to float32 rounding: the fresh adapter's rows are batched (and padded) with the moved one's here
-    assert out[("a", "teacher")]["update_size"] == 0.0 and abs(out[("a", "teacher")]["probe_kl"]) < 1e-6
-    assert abs(out[("b", "teacher")]["probe_kl"]) > 1e-3 and abs(out[("b", "student")]["probe_kl"]) > 1e-3
+    assert out[("a", "teacher")]["update_size"] == 0.0 and 0 <= out[("a", "teacher")]["probe_kl"] < 1e-9
+    assert out[("b", "teacher")]["probe_kl"] > 1e-3 and out[("b", "student")]["probe_kl"] > 1e-3
 
     base = dict(engine.base.named_parameters())
     num = den = 0.0

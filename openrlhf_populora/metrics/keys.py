@@ -78,7 +78,7 @@ SYNC_KEY = "sync/max_abs_logprob_diff"
 # how far each member has moved from the frozen base (metrics/learning.py), measured every populora.probe_every steps
 LEARNING_METRICS = {
     "update_size": "relative Frobenius norm of the adapter's update, ||s B A|| / ||W|| over all adapted modules",
-    "probe_kl": "mean per-token KL(base || member) on a fixed probe of the role's prompts with base responses",
+    "probe_kl": "mean per-token KL(base || member) (k3 estimate) on a fixed probe of base responses to the role's prompts",
 }
 SYNC_DIAGNOSTIC = "sync_logprob_diff"  # the engine's per-adapter diagnostic, and the member metric's name
 COMPLEXITY_AXES = ("ast_depth", "ast_nodes", "cyclomatic", "loc", "halstead_volume")

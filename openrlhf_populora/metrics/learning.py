@@ -11,10 +11,12 @@ Two numbers per member, logged each step (``populora.probe.every``):
 - ``probe_kl``: the mean per-token KL divergence of the frozen base from the member's policy,
   ``KL(base || member)``, estimated on a fixed probe of the member's own role: prompts drawn once from the
   seed tasks and one response to each sampled from the base model at step 0 (stored with the run, so every step
-  and every resume scores the same tokens). For a response ``y ~ base``,
-  ``(1/|y|) sum_t [log p_base(y_t | .) - log p_member(y_t | .)]`` is an unbiased estimate of the per-token KL
-  along base's own trajectories; the mean over the probe is logged. 0 for the base itself, > 0 on average
-  for any other policy (a single probe response may give a negative term).
+  and every resume scores the same tokens). Each token of a response ``y ~ base`` gives Schulman's "k3"
+  estimate ``r - 1 - log r`` with ``r = p_member(y_t | .) / p_base(y_t | .)``: unbiased for the KL at that
+  position (``E_base[r] = 1``) and never negative, so unlike the plain log-ratio ``-log r`` (unbiased too, but
+  a probe of a few responses often gave a negative mean: -0.011 nats for a student at lr 1e-4 after one step)
+  it reads as a distance even on a small probe. The mean over tokens, then over the probe's responses, is
+  logged: 0 for the base itself (and a fresh adapter), > 0 for any other policy.
 
 Pure functions: the loop gathers adapters, base norms and log-probs and passes them in.
 """
@@ -87,12 +89,13 @@ def update_size(adapter: Mapping[str, Tensor], base_norms: Mapping[str, float], 
 
 
 def probe_kl(base: Sequence[Sequence[float]], member: Sequence[Sequence[float]]) -> float:
-    """Mean over probe responses of the per-token ``log p_base - log p_member`` (see the module docstring)."""
+    """Mean over probe responses of the per-token k3 estimate ``r - 1 - log r``, ``r = p_member / p_base``
+    (see the module docstring)."""
     if len(base) != len(member) or not base:
         raise ValueError(f"probe_kl needs the same non-empty set of responses ({len(base)} vs {len(member)})")
     terms = []
     for b, m in zip(base, member, strict=True):
         if len(b) != len(m) or not b:
             raise ValueError("each probe response needs one log-prob per token under both policies")
-        terms.append(sum(x - y for x, y in zip(b, m, strict=True)) / len(b))
+        terms.append(sum(math.expm1(y - x) - (y - x) for x, y in zip(b, m, strict=True)) / len(b))
     return sum(terms) / len(terms)
