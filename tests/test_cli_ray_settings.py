@@ -54,6 +54,9 @@ def test_the_loop_config_takes_the_shared_leaves_of_upstream_args(tmp_path):
     assert (config.rollout.temperature, config.rollout.max_new_tokens, config.train.seed) == (0.7, 99, 5)
     assert config.populora.num_teachers == 3 and config.populora.evolution.evolve_every == 4
     assert config.populora.engine == "ray" and config.logger.tensorboard_dir == str(tmp_path / "tb")
+    # the learning probe reads the base weights and the LoRA scaling: the run's model and LoRA shape, not defaults
+    assert config.actor.model_name_or_path == "/models/tiny" and config.ds.lora.rank == 8
+    assert config_from_args(launch.parse_launch_args(BASE + ["--ds.lora.alpha", "32"])).ds.lora.alpha == 32
     assert config.ckpt.save_steps == -1  # upstream turns -1 into inf
     # W&B follows upstream's rule: on only with --logger.wandb.key (its project has a default)
     assert not config.logger.wandb.project

@@ -282,7 +282,9 @@ RUNNER_ENV = "POPULORA_RAY_RUNNER"  # "module:function" replacing it, e.g. a scr
 
 # Leaves of ``Config`` the loop reads from upstream's arguments (the engine-side leaves -- optimiser, LoRA shape,
 # dtype -- are consumed by upstream's actors).
-SHARED_PREFIXES = ("populora.", "rollout.", "train.seed", "train.max_epochs", "ckpt.", "logger.")
+# the model and the LoRA shape too: the loop's learning probe reads the base weights and the LoRA scaling
+SHARED_PREFIXES = ("populora.", "rollout.", "train.seed", "train.max_epochs", "ckpt.", "logger.",
+                   "actor.model_name_or_path", "ds.lora.rank", "ds.lora.alpha")
 
 _MISSING = object()
 
