@@ -11,8 +11,8 @@ For each run directory (its ``config.yaml`` gives the learning rate) it prints a
 - the last measured update size (``learning/update_size``) and probe KL from the base, per role.
 
 and picks the learning rate with the largest student-reward gain among those that stay sane: the last probe KL
-in either role at most ``--max-kl`` nats per token, and the students' format rate not down by more than
-``--max-format-drop``. The gain of one short seed is noisy (the step-to-step SD of the students' reward is
+in either role at most ``--max-kl`` nats per token, and neither the students' format rate nor the teachers'
+validity down by more than ``--max-format-drop``. The gain of one short seed is noisy (the step-to-step SD of the students' reward is
 printed beside it): read the curves, not only the pick.
 """
 
@@ -56,8 +56,16 @@ def _role_mean(run, role: str, metric: str) -> tuple[np.ndarray, np.ndarray]:
     return steps, np.nanmean(grid, axis=0)
 
 
-def summarize(run_dir: Path, window: int) -> dict:
+def _load(run_dir: Path, steps: int | None):
+    """The run, cut to its first ``steps`` steps (runs stopped at different steps compare on the same span)."""
     run = load_run(run_dir)
+    if steps is not None:
+        run.records = {s: r for s, r in run.records.items() if s <= steps}
+    return run
+
+
+def summarize(run_dir: Path, window: int, steps: int | None = None) -> dict:
+    run = _load(run_dir, steps)
     row: dict = {"run": str(run_dir), "lr": _lr(run_dir), "steps": len(run.steps)}
     for key, name in (("train/student_reward", "student_reward"), ("train/solve_rate", "solve_rate"),
                       ("train/teacher_reward", "teacher_reward"), ("train/format_rate", "format_rate"),
@@ -85,7 +93,9 @@ def choose(rows: list[dict], max_kl: float, max_format_drop: float) -> tuple[dic
         if not kl <= max_kl:
             why[row["lr"]] = f"probe KL {kl:.3g} > {max_kl:g} nats/token"
         elif row["format_rate_gain"] < -max_format_drop:
-            why[row["lr"]] = f"format rate fell by {-row['format_rate_gain']:.2f}"
+            why[row["lr"]] = f"the students' format rate fell by {-row['format_rate_gain']:.2f}"
+        elif row["validity_gain"] < -max_format_drop:
+            why[row["lr"]] = f"the teachers' validity fell by {-row['validity_gain']:.2f}"
         else:
             sane.append(row)
     pick = max(sane, key=lambda r: r["student_reward_gain"], default=None)
@@ -95,7 +105,7 @@ def choose(rows: list[dict], max_kl: float, max_format_drop: float) -> tuple[dic
     return pick, why
 
 
-def figure(run_dirs: list[Path], out: Path) -> None:
+def figure(run_dirs: list[Path], out: Path, steps: int | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -108,7 +118,7 @@ def figure(run_dirs: list[Path], out: Path) -> None:
               (("teacher", "probe_kl"), "teacher probe KL (nats/token)"), ("train/validity", "teacher validity")]
     fig, axes = plt.subplots(2, 4, figsize=(16, 6.4), constrained_layout=True)
     for run_dir in sorted(run_dirs, key=_lr):
-        run = load_run(run_dir)
+        run = _load(run_dir, steps)
         for ax, (key, label) in zip(axes.flat, panels, strict=True):
             xs, ys = _role_mean(run, *key) if isinstance(key, tuple) else run.series(key)
             if len(xs):
@@ -131,20 +141,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=3, help="steps averaged at the start and at the end")
     parser.add_argument("--max-kl", type=float, default=0.5)
     parser.add_argument("--max-format-drop", type=float, default=0.1)
+    parser.add_argument("--steps", type=int, default=None, help="read only the first N steps of every run")
     args = parser.parse_args(argv)
-    rows = sorted((summarize(r, args.window) for r in args.runs), key=lambda r: r["lr"])
+    rows = sorted((summarize(r, args.window, args.steps) for r in args.runs), key=lambda r: r["lr"])
     pick, why = choose(rows, args.max_kl, args.max_format_drop)
     lines = [f"| lr | steps | student reward (first {args.window} -> gain, step SD) | solve rate gain | "
-             "teacher reward gain | format rate first -> last | update size | probe KL teacher / student |",
-             "|---|---|---|---|---|---|---|---|"]
+             "teacher reward gain | format rate first -> last | validity first -> last | update size | "
+             "probe KL teacher / student |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['lr']:g} | {r['steps']} | {r['student_reward_first']:+.3f} -> {r['student_reward_gain']:+.3f} "
             f"(SD {r['student_reward_sd']:.3f}) | {r['solve_rate_gain']:+.3f} | {r['teacher_reward_gain']:+.3f} | "
-            f"{r['format_rate_first']:.2f} -> {r['format_rate_last']:.2f} | {r['update_size_last']:.2e} | "
+            f"{r['format_rate_first']:.2f} -> {r['format_rate_last']:.2f} | "
+            f"{r['validity_first']:.2f} -> {r['validity_last']:.2f} | {r['update_size_last']:.2e} | "
             f"{r['teacher_probe_kl_last']:.3g} / {r['student_probe_kl_last']:.3g} |")
     verdict = (f"pick: lr {pick['lr']:g} (the largest student-reward gain with probe KL <= {args.max_kl:g} and the "
-               f"format rate down by at most {args.max_format_drop:g})" if pick else "pick: none is sane")
+               f"format rate and validity down by at most {args.max_format_drop:g})" if pick else "pick: none is sane")
     lines += ["", verdict] + [f"- lr {lr:g}: {reason}" for lr, reason in sorted(why.items())]
     text = "\n".join(lines)
     print(text)
@@ -152,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "sweep.md").write_text(text + "\n")
     (args.out / "sweep.json").write_text(json.dumps({"rows": rows, "pick": pick and pick["lr"],
                                                      "why_not": {str(k): v for k, v in why.items()}}, indent=1))
-    figure(args.runs, args.out / "sweep.png")
+    figure(args.runs, args.out / "sweep.png", args.steps)
     return 0
 
 
