@@ -74,7 +74,8 @@ def summarize(run_dir: Path, window: int, steps: int | None = None) -> dict:
         ys = np.asarray(ys, dtype=float)
         row[f"{name}_first"] = _window_mean(ys, True, window)
         row[f"{name}_last"] = _window_mean(ys, False, window)
-        row[f"{name}_gain"] = row[f"{name}_last"] - row[f"{name}_first"]
+        # the two windows must not overlap, or the gain is partly a run's own noise compared with itself
+        row[f"{name}_gain"] = row[f"{name}_last"] - row[f"{name}_first"] if len(ys) >= 2 * window else math.nan
         row[f"{name}_sd"] = float(np.nanstd(np.diff(ys)) / math.sqrt(2)) if len(ys) > 2 else math.nan
     _, sizes = run.series("learning/update_size")
     row["update_size_last"] = float(sizes[-1]) if len(sizes) else math.nan
@@ -90,7 +91,9 @@ def choose(rows: list[dict], max_kl: float, max_format_drop: float) -> tuple[dic
     sane = []
     for row in rows:
         kl = max(row["teacher_probe_kl_last"], row["student_probe_kl_last"])
-        if not kl <= max_kl:
+        if math.isnan(row["student_reward_gain"]):
+            why[row["lr"]] = f"too few steps ({row['steps']}) for a gain"
+        elif not kl <= max_kl:
             why[row["lr"]] = f"probe KL {kl:.3g} > {max_kl:g} nats/token"
         elif row["format_rate_gain"] < -max_format_drop:
             why[row["lr"]] = f"the students' format rate fell by {-row['format_rate_gain']:.2f}"

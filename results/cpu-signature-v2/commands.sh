@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The laptop experiment, v2: three arms x three seeds, 40 steps each, on Qwen2.5-Coder-0.5B-Instruct (CPU).
+#   population  configs/signature.yaml                          2 teachers + 2 students, failure-rate reward
+#   baseline    configs/signature-baseline.yaml                 its compute-matched single agent, learnability
+#   control     configs/signature-baseline-failure-rate.yaml    the same single agent on the failure-rate reward
+# The learning rate is the calibrated one (results/lr-calibration), set in configs/signature.yaml, which the two
+# baselines inherit (baseline_for: signature).
+#
+# Nine runs, at most three at a time (each holds about 6.5 GB; four ran out of 24 GB), one torch thread each.
+# Every run checkpoints every step and this script resumes each where it stopped (--ckpt.load_enable), so
+# running it again continues the experiment; a run that has finished its 40 steps returns at once.
+# Afterwards: the comparison across seeds (the last block), written next to this file.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUT=runs/cpu-signature-v2
+mkdir -p "$OUT"
+jobs=()
+for seed in 1 2 3; do
+  for arm in signature signature-baseline signature-baseline-failure-rate; do
+    jobs+=("$arm $seed")
+  done
+done
+printf '%s\n' "${jobs[@]}" | xargs -P "${PARALLEL:-3}" -L 1 bash -c '
+  arm=$0 seed=$1
+  OMP_NUM_THREADS=1 .venv/bin/python -m openrlhf_populora.cli.train --config "configs/$arm.yaml" \
+    --train.seed "$seed" --populora.total_steps 40 --ckpt.output_dir "'"$OUT"'/$arm-s$seed" \
+    --ckpt.load_enable >> "'"$OUT"'/$arm-s$seed.log" 2>&1 || echo "$arm seed $seed stopped (status $?)"'
+
+# the comparison across seeds: the population against each baseline
+R=results/cpu-signature-v2
+.venv/bin/python -m openrlhf_populora.cli.compare --population $OUT/signature-s{1,2,3} \
+  --baseline $OUT/signature-baseline-s{1,2,3} --out $R/compare-baseline
+.venv/bin/python -m openrlhf_populora.cli.compare --population $OUT/signature-s{1,2,3} \
+  --baseline $OUT/signature-baseline-failure-rate-s{1,2,3} --out $R/compare-control
