@@ -165,10 +165,11 @@ def test_population_run_end_to_end(tmp_path, monkeypatch):
     assert first["train/grad_norm"] > 0  # adapters really trained
     # the learning diagnostics: every living member, in its role, each step; the mean over members
     for record in records:
-        sizes = {k.split("/")[2]: v for k, v in record.items() if k.endswith("/all/update_size")}
-        kls = {k.split("/")[2]: v for k, v in record.items() if k.endswith("/all/probe_kl")}
-        assert sorted(sizes) == sorted(kls) == ["student"] * 2 + ["teacher"] * 2
-        assert all(v >= 0 for v in sizes.values())
+        sizes = {tuple(k.split("/")[1:3]): v for k, v in record.items() if k.endswith("/all/update_size")}
+        kls = {tuple(k.split("/")[1:3]): v for k, v in record.items() if k.endswith("/all/probe_kl")}
+        assert sizes.keys() == kls.keys()
+        assert sorted(role for _, role in sizes) == ["student"] * 2 + ["teacher"] * 2  # each living member once
+        assert all(v >= 0 for v in [*sizes.values(), *kls.values()])
         assert record["learning/update_size"] > 0 and record["time/probe"] > 0
 
     # ratings moved away from the prior, and evolution at step k=1 replaced members with children; the last step
