@@ -1,6 +1,6 @@
 """Whether the adapters learn: how far each has moved from the frozen base, in weight space and in behaviour.
 
-Two numbers per member, logged each step (``populora.probe.every``):
+Two numbers per member, logged every ``--populora.probe_every`` steps:
 
 - ``update_size``: the relative size of the adapter's weight update over every adapted module,
   ``sqrt(sum_m ||s B_m A_m||_F^2) / sqrt(sum_m ||W_m||_F^2)``, with ``s = alpha / r`` and ``W_m`` the frozen

@@ -220,8 +220,7 @@ class SelfPlay:
         for i in range(self.p.probe_size):
             task_type = types[i % len(types)]
             context = self._proposer_context(task_type, rng)
-            teacher.append(self._render(proposer_prompt(task_type, **context, timeout_s=self.p.sandbox.timeout_s,
-                                                        templates=self.templates)))
+            teacher.append(self._render(self._proposer_prompt(task_type, context)))
             tasks = self.buffers.tasks(task_type)
             if tasks:
                 task = rng.choice(tasks)
@@ -268,7 +267,7 @@ class SelfPlay:
         plans = [ProposalPlan(teacher, task_type, self._proposer_context(task_type, rng))
                  for task_type in self.p.task_types for teacher in self.population.teachers()
                  for _ in range(self.p.proposals_per_teacher)]
-        requests = [GenerationRequest(plan.teacher.adapter, self._render(self._proposer_prompt(plan)))
+        requests = [GenerationRequest(plan.teacher.adapter, self._render(self._proposer_prompt(plan.task_type, plan.context)))
                     for plan in plans]
         generated = self.engine.generate(requests, self._params(t, "propose"))
         timings["generate_propose"] = time.perf_counter() - tic
@@ -368,9 +367,8 @@ class SelfPlay:
             return {"references": [], "program": self.buffers.induction_program(rng)}
         return {"references": self.buffers.references(task_type, self.p.references, rng)}
 
-    def _proposer_prompt(self, plan: ProposalPlan) -> str:
-        return proposer_prompt(plan.task_type, **plan.context, timeout_s=self.p.sandbox.timeout_s,
-                               templates=self.templates)
+    def _proposer_prompt(self, task_type: str, context: dict[str, Any]) -> str:
+        return proposer_prompt(task_type, **context, timeout_s=self.p.sandbox.timeout_s, templates=self.templates)
 
     def _measure_programs(self, proposals: list[Proposal]) -> None:
         """Complexity of every valid program, and the coverage archive (diagnostics, not rewards)."""
