@@ -51,12 +51,14 @@ def test_member_scores_and_averages(summary):
 
 MEANS = ["Population mean, students (2)", "Population mean, teachers (1)", "Population mean, all members (3)"]
 BEST_S0 = "Best student s0 (picked on these benchmarks: optimistic)"
+WORST_T0 = "Worst member t0 (picked on these benchmarks: pessimistic)"
 
 
 def test_rows_means_per_role_best_and_members(summary):
-    # catches: teachers averaged into the students' mean, no per-role means, a "worst" or unlabelled "best"
+    # catches: teachers averaged into the students' mean, no per-role means, an unlabelled "best", a worst
+    # picked within a role or by the highest score (t0's overall 42.5 is the lowest of all three)
     rows = {r["label"]: r for r in summary["rows"]}
-    assert list(rows) == ["Base model", "PopuLoRA baseline (B1)", *MEANS, BEST_S0,
+    assert list(rows) == ["Base model", "PopuLoRA baseline (B1)", *MEANS, BEST_S0, WORST_T0,
                           "s0 (student)", "s1 (student)", "t0 (teacher)"]
     assert rows[MEANS[0]]["scores"]["humaneval_plus"] == pytest.approx((80 + 60) / 2)
     assert rows[MEANS[1]]["scores"]["humaneval_plus"] == pytest.approx(70)
@@ -65,7 +67,8 @@ def test_rows_means_per_role_best_and_members(summary):
     assert rows[MEANS[0]]["overall"] == pytest.approx((55 + 50) / 2)
     assert rows[MEANS[2]]["overall"] == pytest.approx((55 + 50 + 42.5) / 3)
     assert rows["PopuLoRA baseline (B1)"]["overall"] == pytest.approx(((60 + 50) / 2 + (30 + 20) / 2) / 2)
-    assert [r["kind"] for r in summary["rows"]] == ["mean"] * 5 + ["best"] + ["member"] * 3
+    assert [r["kind"] for r in summary["rows"]] == ["mean"] * 5 + ["best", "worst"] + ["member"] * 3
+    assert rows[WORST_T0]["members"] == ["t0"] and rows[WORST_T0]["overall"] == pytest.approx(42.5)
     # one problem count per number: 10 problems per benchmark, their sums for the averages
     assert rows[MEANS[2]]["n"] == {**{b: 10 for b in BENCHMARKS}, "code_avg": 20, "math_avg": 20, "overall": 40}
 
@@ -162,12 +165,15 @@ def test_best_picked_on_a_separate_benchmark_is_labelled_so(summary):
     table = summarize(fake_records() + held_out + t1, groups, BENCHMARKS, roles=roles, select_on=["humaneval"])
     bests = [r["label"] for r in table["rows"] if r["kind"] == "best"]
     assert bests == ["Best student s1 (picked on HumanEval)", "Best teacher t0 (picked on HumanEval)"]
+    # the worst on the held-out benchmark is t1 (2 of 10), though on the table's benchmarks it is the best (9 of 10)
+    assert [r["label"] for r in table["rows"] if r["kind"] == "worst"] == ["Worst member t1 (picked on HumanEval)"]
     assert table["selection"]["held_out"] and table["selection"]["scores"]["s1"]["humaneval"] == 70.0
     assert "humaneval" not in table["benchmarks"] and "a benchmark not in this table" in markdown_table(table)
     same = summarize(fake_records() + t1, groups, BENCHMARKS, roles=roles)
     assert [r["label"] for r in same["rows"] if r["kind"] == "best"] == [
         BEST_S0, "Best teacher t1 (picked on these benchmarks: optimistic)"]
-    assert "biased upward" in markdown_table(same)
+    assert [r["label"] for r in same["rows"] if r["kind"] == "worst"] == [WORST_T0]
+    assert "biased upward and the minimum downward" in markdown_table(same)
     with pytest.raises(ValueError, match="also table benchmarks"):
         summarize(fake_records(), GROUPS, BENCHMARKS, select_on=["gsm8k"])
 

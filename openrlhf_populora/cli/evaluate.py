@@ -29,7 +29,8 @@ then get their own rows, labelled, and stay out of every mean and best.
 benchmarks (the default) its numbers are the maximum of several noisy scores, biased upward, and the row says
 "picked on these benchmarks: optimistic". ``--select-on BENCH[,BENCH]`` picks it on separate benchmarks
 instead, evaluated for the population's members only and kept out of the table, so the best rows' numbers are
-honest estimates.
+honest estimates. **The worst member** (any role, the lowest Overall) is picked the same way ("pessimistic"
+on the table's own benchmarks).
 
 ``--benchmarks``: a comma list of humaneval, humaneval_plus, mbpp_plus, livecodebench, aime24, aime25,
 amc23, math500, minerva, gsm8k, olympiadbench, or ``paper`` (all but humaneval). HumanEval ships with the

@@ -18,6 +18,8 @@ Rows of the table (each present only when its members were evaluated):
   such as bare adapters). Picked on the table's own benchmarks by default,
   which biases its numbers upward (the maximum of several noisy scores), and the label says so; picked on
   separate selection benchmarks (``select_on``, ``cli.evaluate --select-on``) when given;
+- ``Worst member NAME (picked on ...)``: the trained member of any role with the lowest ``overall`` (at least two
+  trained members), picked the same way (on the table's own benchmarks it is biased downward: pessimistic);
 - then every member on its own row; an untrained member (``untrained``: never updated, e.g. born at a run's
   last step) only there, labelled so, and never in a mean or a best.
 
@@ -38,7 +40,7 @@ fewer than two problems.
 
 Member groups (``summarize``'s ``groups``, each member's ``group`` and each row's ``group`` in
 ``results.json``): ``base``, ``baseline`` (B1), ``stock`` (B2), ``population``. Each row's ``kind`` is
-``mean``, ``best`` or ``member``.
+``mean``, ``best``, ``worst`` or ``member``.
 
 ``results.json`` holds all of it; ``results.md`` / ``results.csv`` the table; ``results.png`` a grouped bar
 chart like PopuLoRA's Figure 2 (per benchmark and average: base model, B1, each B2 model and the population's
@@ -279,21 +281,30 @@ def summarize(
     # members of no known role (bare --adapter directories) get a best of their own
     by_role["members"] = [n for n in trained if not any(table[n]["role"] in r for r in ROLE_GROUPS.values())]
     selection = _selection(records, select_on, confidence, n_resamples)
+
+    def picked_on(names: Sequence[str]) -> tuple[dict[str, float], str]:
+        """Each member's score that picks a best or the worst, and how it was picked."""
+        if not select_on:
+            return {n: table[n]["overall"] for n in names}, "picked on these benchmarks"
+        picked = {n: selection["overall"].get(n) for n in names}
+        missing = [n for n, v in picked.items() if v is None]
+        if missing:
+            raise ValueError(f"members {missing} have no graded sample on the selection benchmarks "
+                             f"{', '.join(select_on)}")
+        return picked, f"picked on {', '.join(BENCHMARKS[b].title for b in select_on)}"
+
     for key, names in by_role.items():
         if len(names) < 2:
             continue
-        if select_on:
-            picked = {n: selection["overall"].get(n) for n in names}
-            missing = [n for n, v in picked.items() if v is None]
-            if missing:
-                raise ValueError(f"members {missing} have no graded sample on the selection benchmarks "
-                                 f"{', '.join(select_on)}")
-            how = f"picked on {', '.join(BENCHMARKS[b].title for b in select_on)}"
-        else:
-            picked = {n: table[n]["overall"] for n in names}
-            how = "picked on these benchmarks: optimistic"
+        picked, how = picked_on(names)
         best = max(names, key=lambda n: picked[n])  # a tie goes to the first listed
+        how += "" if select_on else ": optimistic"
         rows.append(row(f"Best {ROLE_NOUNS[key]} {best} ({how})", "population", "best", [best]))
+    if len(trained) >= 2:  # the paper's floor: the weakest trained member, of any role
+        picked, how = picked_on(trained)
+        worst = min(trained, key=lambda n: picked[n])  # a tie goes to the first listed
+        how += "" if select_on else ": pessimistic"
+        rows.append(row(f"Worst member {worst} ({how})", "population", "worst", [worst]))
     for name in population:
         note = f", untrained: {untrained[name]}" if name in untrained else ""
         rows.append(row(f"{name} ({table[name]['role']}{note})", "population", "member", [name]))
@@ -394,15 +405,17 @@ def _notes(summary: Mapping[str, Any]) -> list[str]:
                      f"over problems ({resamples:,} resamples; each benchmark's problems resampled on their own, one "
                      "draw for every member of a row, since they answer the same problems).")
         notes.append("n: the problems a number rests on (a mean over members: the problems each of them answered).")
-    bests = [row for row in summary["rows"] if row.get("kind") == "best"]
+    picks = [row for row in summary["rows"] if row.get("kind") in ("best", "worst")]
     selection = summary.get("selection") or {}
-    if bests and selection.get("held_out"):
+    if picks and selection.get("held_out"):
         titles = ", ".join((selection.get("titles") or {}).get(b, b) for b in selection["benchmarks"])
-        notes.append(f"Best rows: the member of the role with the highest Overall on {titles}, a benchmark not in "
-                     "this table, so their numbers here are not biased by the choice.")
-    elif bests:
-        notes.append("Best rows: the member of the role with the highest Overall on these same benchmarks. The "
-                     "maximum of several noisy scores is biased upward: read them as optimistic (cli.evaluate "
+        notes.append(f"Best and worst rows: the member of the role with the highest Overall, and the member with "
+                     f"the lowest, on {titles}, a benchmark not in this table, so their numbers here are not biased "
+                     "by the choice.")
+    elif picks:
+        notes.append("Best and worst rows: the member of the role with the highest Overall on these same "
+                     "benchmarks, and the member with the lowest. The maximum of several noisy scores is biased "
+                     "upward and the minimum downward: read them as optimistic and pessimistic (cli.evaluate "
                      "--select-on BENCH picks on a separate benchmark instead).")
     untrained = summary.get("untrained") or {}
     if untrained:
