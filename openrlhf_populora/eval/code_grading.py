@@ -82,6 +82,18 @@ with _limit():
     _ns["check"](_ns[{entry!r}])
 '''
 
+_ASSERTS_HARNESS = '''
+_ns = {{"__name__": "__candidate__"}}
+with _limit():
+    exec(compile({candidate!r}, "<solution>", "exec"), _ns)
+if {entry!r} not in _ns:
+    raise NameError("the solution defines no function named " + {entry!r})
+exec(compile({setup!r}, "<setup>", "exec"), _ns)
+for _i, _assert in enumerate({asserts!r}):
+    with _limit():
+        exec(compile(_assert, "<test %d>" % _i, "exec"), _ns)
+'''
+
 _IO_HARNESS = '''
 import copy as _copy
 _ref_ns = {{"__name__": "__reference__"}}
@@ -233,6 +245,9 @@ def harness(problem: Problem, code: str, per_test_timeout_s: float) -> str:
     kind = tests["kind"]
     if kind == "check":
         return timer + _CHECK_HARNESS.format(candidate=program, test=tests["test"], entry=problem.entry_point)
+    if kind == "asserts":
+        return timer + _ASSERTS_HARNESS.format(candidate=program, setup=tests.get("setup", ""),
+                                               asserts=list(tests["asserts"]), entry=problem.entry_point)
     if kind == "io":
         return timer + _IO_HARNESS.format(
             reference=tests["reference"], candidate=program, entry=problem.entry_point, atol=float(tests["atol"]),

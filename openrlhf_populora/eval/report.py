@@ -417,6 +417,10 @@ def _notes(summary: Mapping[str, Any]) -> list[str]:
                      "benchmarks, and the member with the lowest. The maximum of several noisy scores is biased "
                      "upward and the minimum downward: read them as optimistic and pessimistic (cli.evaluate "
                      "--select-on BENCH picks on a separate benchmark instead).")
+    for bench, sample in (summary.get("samples") or {}).items():
+        title = summary.get("titles", {}).get(bench, bench)
+        notes.append(f"{title}: a fixed sample of {sample['size']} of its {sample['of']} problems, the {sample['size']} "
+                     "whose SHA-256 of id is smallest (cli.evaluate --sample), the same on every machine.")
     untrained = summary.get("untrained") or {}
     if untrained:
         listed = "; ".join(f"{name} ({why})" for name, why in untrained.items())
