@@ -92,7 +92,7 @@ def test_report_only_renders_stored_samples(tmp_path, model_dir, capsys):
 def test_a_sample_is_the_whole_benchmark_of_its_table_and_the_table_says_so(tmp_path, model_dir, capsys):
     # three MBPP problems graded: with --sample mbpp=3 they are the whole table (complete, n=3) and a note names
     # the sample. Catches: --sample ignored (n=3 of 500 graded: "Incomplete"), a sample of other problems (no
-    # stored sample matches: no score), no note.
+    # stored sample matches: no score), no note, problems outside the sample counted (s0: 1 of 5, n=5).
     run = fake_run(tmp_path / "run", model_dir)
     settings = EvalSettings(code_template="chat", math_template="chat")
     store = ResultStore(run / "eval", {**settings.identity(), "base_model": model_dir,
@@ -100,10 +100,14 @@ def test_a_sample_is_the_whole_benchmark_of_its_table_and_the_table_says_so(tmp_
     ids = [p.problem_id for p in sample_problems(load_benchmark("mbpp"), 3)]
     store.append({"member": m, "benchmark": "mbpp", "problem_id": pid, "passed": i < k}
                  for m, k in (("s0", 1), ("s1", 3)) for i, pid in enumerate(ids))
+    # s0 also answered two problems outside the sample (graded before the sample was chosen), both failed
+    others = [p.problem_id for p in load_benchmark("mbpp") if p.problem_id not in ids][:2]
+    store.append({"member": "s0", "benchmark": "mbpp", "problem_id": pid, "passed": False} for pid in others)
     assert main(["--run", str(run), "--benchmarks", "mbpp", "--sample", "mbpp=3", "--report-only"]) == 0
     results = json.loads((run / "eval" / "results.json").read_text())
     assert results["totals"] == {"mbpp": 3} and results["samples"] == {"mbpp": {"size": 3, "of": 500}}
     assert results["members"]["s1"]["scores"] == {"mbpp": 100.0} and results["members"]["s0"]["complete"]
+    assert results["members"]["s0"]["n"] == {"mbpp": 3} and results["members"]["s0"]["scores"]["mbpp"] == 100 / 3
     printed = capsys.readouterr().out
     assert "MBPP: a fixed sample of 3 of its 500 problems" in printed and "Incomplete" not in printed
 

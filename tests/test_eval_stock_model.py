@@ -166,7 +166,9 @@ def test_run_baseline_and_full_model_in_one_table(tmp_path, run_dir, baseline_di
                         ("Population mean, students (1)", "population", ["s0"]),
                         ("Population mean, teachers (1)", "population", ["t0"]),
                         ("Population mean, all members (2)", "population", ["t0", "s0"])]
-    assert len(rows) == 8  # then t0's and s0's own rows: no best of a role with one member
+    # then the worst of the two (a tie at 0: the first listed), t0's and s0's own rows: no best of a one-member role
+    assert rows[6:] == [("Worst member t0 (picked on these benchmarks: pessimistic)", "population", ["t0"]),
+                        ("t0 (teacher)", "population", ["t0"]), ("s0 (student)", "population", ["s0"])]
     # 0 of 2: Wilson's interval is 0 to (z^2/n) / (1 + z^2/n) = 1.9207 / 2.9207 = 65.8%
     assert f"| {STOCK_ROW} | 0.0 [0.0, 65.8] | 0.0 [0.0, 65.8] | 0.0 [0.0, 65.8] |" in printed
     assert "| PopuLoRA baseline (B1) | 0.0 [" in printed and "| Population mean, all members (2) | 0.0 [" in printed
@@ -326,6 +328,7 @@ def test_report_groups_and_labels():
     assert rows[STOCK_ROW]["scores"] == {"gsm8k": 75.0} and rows["Stock OpenRLHF (B2): b3"]["overall"] == 0.0
     assert rows[mean]["scores"] == {"gsm8k": 37.5}  # (25 + 50) / 2: the stock models are not in it
     assert "Best member s1 (picked on these benchmarks: optimistic)" in rows  # b2 (75.0) is not a population member
+    assert "Worst member s0 (picked on these benchmarks: pessimistic)" in rows  # b3 (0.0) is not one either
 
 
 def test_results_json_written_before_the_stock_group_still_renders(tmp_path):

@@ -400,9 +400,13 @@ def main(argv: list[str] | None = None) -> int:
                     run_evaluation(backend, {n: slots[n] for n in choosers}, selectors, store, settings)
             finally:
                 backend.close()
+    # the table covers this invocation's problems: samples stored for others (a whole benchmark graded earlier,
+    # before --sample or --limit narrowed it) stay in samples.jsonl
+    wanted = {(b, p.problem_id) for b, ps in {**problems, **selectors}.items() for p in ps}
+    records = [r for r in store.records() if (r["benchmark"], str(r["problem_id"])) in wanted]
     try:
         summary = summarize(
-            store.records(), {g: [m.name for m in ms] for g, ms in groups.items()}, benchmarks,
+            records, {g: [m.name for m in ms] for g, ms in groups.items()}, benchmarks,
             totals={b: len(p) for b, p in problems.items()}, roles={m.name: m.role for m in members},
             untrained=untrained, select_on=select_on,
         )
@@ -411,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     summary["settings"] = store.settings  # provenance: templates, lengths, base model, adapter hashes
     summary["samples"] = {b: {"size": len(problems[b]), "of": len(load_benchmark(b, args.data_dir))}
                           for b in samples if b in problems}
-    checks = [_published_check(score, store.records(), problems[score.benchmark], base_model, args, settings)
+    checks = [_published_check(score, records, problems[score.benchmark], base_model, args, settings)
               for score in published]
     if checks:
         summary["published_checks"] = checks
