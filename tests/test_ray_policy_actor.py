@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import runpy
 import socket
 from types import SimpleNamespace
@@ -490,23 +491,152 @@ def test_an_evolved_child_gets_a_fresh_adam(cpu_patched, tiny_model_dir, tmp_pat
     assert same(actor.get_adapter_state("t0"), fresh.get_adapter_state("t0"))
 
 
+def module_states(folder):
+    """The module states (``mp_rank_00_model_states.pt``, under ZeRO-3 ``zero_pp_rank_0_...``) of a checkpoint
+    folder on one rank: its path and contents."""
+    (path,) = folder.glob("*model_states.pt")
+    return path, torch.load(path, map_location="cpu", weights_only=False)
+
+
+def trainable_names(actor) -> set[str]:
+    return {n for n, p in ads.ds_engine(actor.actor).module.named_parameters() if p.requires_grad}
+
+
+def all_moments(actor):
+    """Every adapter's Adam moments; after a load, ZeRO-2 links them to the parameters (as its next step would)
+    so that they can be read."""
+    engine = ads.ds_engine(actor.actor)
+    for name in NAMES:
+        for param in ads.lora_parameters(actor.actor, name).values():
+            ads._link_moments(engine, param)
+    return {n: moments(actor, n) for n in NAMES}
+
+
+def same_moments(a, b) -> bool:
+    return all(torch.equal(x, y) for n in a for k in a[n] for x, y in zip(a[n][k], b[n][k], strict=True))
+
+
 @pytest.mark.slow
-def test_adam_step_counts_survive_a_checkpoint(cpu_patched, tiny_model_dir, tmp_path):
-    actor = make_policy(tiny_model_dir, tmp_path, micro=2)
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_checkpoints_hold_the_adapters_and_the_optimizer_but_not_the_frozen_base(cpu_patched, tiny_model_dir,
+                                                                                 tmp_path, zero_stage):
+    """Both save paths (upstream's ``save_checkpoint`` with its rotation, the controller's ``save_state``): the
+    module states hold exactly the adapters' parameters -- no frozen base, not even the tied ``lm_head.weight``
+    -- and no frozen fragments; the optimizer states are still there."""
+    actor = make_policy(tiny_model_dir, tmp_path, zero_stage=zero_stage, micro=2)
+    adapters = trainable_names(actor)
+    assert len(adapters) == len(NAMES) * len(ads.lora_parameters(actor.actor, "t0"))
+    assert all(".lora_A." in n or ".lora_B." in n for n in adapters)
+    assert "base_model.model.lm_head.weight" not in adapters  # the tiny model ties it to the embedding
+    actor.save_checkpoint("global_step1")
+    actor.save_state(str(tmp_path / "state"))
+    for folder in (tmp_path / "ckpt" / "_actor" / "global_step1", tmp_path / "state" / "populora"):
+        _, ckpt = module_states(folder)
+        assert set(ckpt["module"]) == adapters, folder
+        assert ckpt.get("frozen_param_fragments") is None and ckpt.get("frozen_param_shapes") is None
+        assert list(folder.glob("*optim_states.pt")), folder
+        assert ckpt[pa.BASE_MODEL_STATE_KEY] == tiny_model_dir  # the base it needs, by path
+    # upstream's rotation still applies to save_checkpoint (--ckpt.max_num 3 by default)
+    for step in range(2, 5):
+        actor.save_checkpoint(f"global_step{step}")
+    kept = sorted(p.name for p in (tmp_path / "ckpt" / "_actor").iterdir() if p.is_dir())
+    assert kept == ["global_step2", "global_step3", "global_step4"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_adam_step_counts_survive_a_checkpoint(cpu_patched, tiny_model_dir, tmp_path, zero_stage, capsys):
+    """Save -> a fresh policy -> load, through ``save_state``/``load_state`` and through upstream's
+    ``save_checkpoint`` and start-up load: bit-identical adapters, Adam moments and step counts from a checkpoint
+    that holds no frozen base. A run on another base path is told so."""
+    actor = make_policy(tiny_model_dir, tmp_path, zero_stage=zero_stage, micro=2)
+    distinct_adapters(actor)
     actor.append(experience(actor, 0, 1.0))
     actor.fit(0.0)
+    actor.append(experience(actor, 2, -1.0))
+    actor.append(experience(actor, 0, -1.0))
+    actor.fit(0.0)
+    states, trained = all_states(actor), all_moments(actor)
+    assert any(m.any() for n in ("t0", "s0") for ms in trained[n].values() for m in ms)
     actor.save_state(str(tmp_path / "state"), {"global_step": 1})
-    again = make_policy(tiny_model_dir, tmp_path, micro=2)
+    actor.save_checkpoint("global_step1")
+    again = make_policy(tiny_model_dir, tmp_path, zero_stage=zero_stage, micro=2)
     assert again.trainer.adam_steps["t0"] == 0
     again.load_state(str(tmp_path / "state"))
-    assert again.trainer.adam_steps == {"t0": 1, "t1": 0, "s0": 0, "s1": 0}
+    assert again.trainer.adam_steps == {"t0": 2, "t1": 0, "s0": 1, "s1": 0}
+    assert all(same(again.get_adapter_state(n, all_ranks=True), states[n]) for n in NAMES)
+    assert same_moments(all_moments(again), trained)
+    resumed = make_policy(tiny_model_dir, tmp_path, zero_stage=zero_stage, micro=2, load=True)
+    assert resumed.trainer.adam_steps == {"t0": 2, "t1": 0, "s0": 1, "s1": 0}
+    assert all(same(resumed.get_adapter_state(n, all_ranks=True), states[n]) for n in NAMES)
+    assert same_moments(all_moments(resumed), trained)
     # and training goes on from there: the other adapters' moments, loaded but not yet linked to their
-    # parameters by ZeRO-2, are snapshotted and restored around the step
-    before = again.get_adapter_state("t0")
-    again.append(experience(again, 1, 1.0))
-    again.fit(0.0)
-    assert again.trainer.adam_steps == {"t0": 1, "t1": 1, "s0": 0, "s1": 0}
-    assert same(again.get_adapter_state("t0"), before)
+    # parameters by ZeRO-2 (all_moments links them: a policy of its own), are snapshotted and restored around
+    # the step
+    goes_on = make_policy(tiny_model_dir, tmp_path, zero_stage=zero_stage, micro=2)
+    assert "saved on base model" not in capsys.readouterr().err
+    goes_on.strategy.args.actor.model_name_or_path = "elsewhere/same-weights"
+    goes_on.load_state(str(tmp_path / "state"))
+    assert f"saved on base model {tiny_model_dir}; this run's is elsewhere/same-weights" in capsys.readouterr().err
+    goes_on.append(experience(goes_on, 1, 1.0))
+    goes_on.fit(0.0)
+    assert goes_on.trainer.adam_steps == {"t0": 2, "t1": 1, "s0": 1, "s1": 0}
+    assert same(goes_on.get_adapter_state("t0"), states["t0"])
+    assert same_moments({n: m for n, m in all_moments(goes_on).items() if n != "t1"},
+                        {n: m for n, m in trained.items() if n != "t1"})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_a_checkpoint_missing_an_adapter_tensor_is_refused_naming_it(cpu_patched, tiny_model_dir, tmp_path,
+                                                                    zero_stage):
+    """The base may be absent from a checkpoint's module states, an adapter's tensor may not: the load is not
+    simply non-strict."""
+    actor = make_policy(tiny_model_dir, tmp_path, zero_stage=zero_stage, micro=2)
+    actor.save_state(str(tmp_path / "state"))
+    path, ckpt = module_states(tmp_path / "state" / "populora")
+    dropped = sorted(ckpt["module"])[5]
+    assert ".lora_" in dropped
+    del ckpt["module"][dropped]
+    torch.save(ckpt, path)
+    again = make_policy(tiny_model_dir, tmp_path, zero_stage=zero_stage, micro=2)
+    with pytest.raises(RuntimeError, match=re.escape(dropped)):
+        again.load_state(str(tmp_path / "state"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_an_old_checkpoint_with_the_frozen_base_inside_still_loads(cpu_patched, tiny_model_dir, tmp_path,
+                                                                   zero_stage):
+    """A checkpoint written the old way (DeepSpeed's default, the base in the module states and as frozen
+    fragments) loads at start-up and through ``load_state``; it is the larger one."""
+    actor = make_policy(tiny_model_dir, tmp_path, zero_stage=zero_stage, micro=2)
+    distinct_adapters(actor)
+    actor.append(experience(actor, 1, 1.0))
+    actor.fit(0.0)
+    states, trained = all_states(actor), all_moments(actor)
+    engine = ads.ds_engine(actor.actor)
+    old = actor._own_states({"global_step": 1})
+    engine.save_checkpoint(str(tmp_path / "ckpt" / "_actor"), tag="global_step1", client_state=old,
+                           exclude_frozen_parameters=False)
+    engine.save_checkpoint(str(tmp_path / "state"), tag="populora", client_state=old,
+                           exclude_frozen_parameters=False)
+    old_path, old_ckpt = module_states(tmp_path / "state" / "populora")
+    assert set(old_ckpt["module"]) > trainable_names(actor)  # the base inside: an old-style checkpoint
+    assert old_ckpt["frozen_param_fragments"]
+    actor.save_state(str(tmp_path / "new"))
+    new_path, _ = module_states(tmp_path / "new" / "populora")
+    print(f"module states, ZeRO-{zero_stage}: {old_path.stat().st_size} bytes with the base, "
+          f"{new_path.stat().st_size} without")
+    assert new_path.stat().st_size < old_path.stat().st_size
+    for again in (make_policy(tiny_model_dir, tmp_path, zero_stage=zero_stage, micro=2, load=True),
+                  make_policy(tiny_model_dir, tmp_path, zero_stage=zero_stage, micro=2)):
+        if not again.checkpoint_states:
+            assert again.load_state(str(tmp_path / "state"))["global_step"] == 1
+        assert again.load_checkpoint_states()["global_step"] == 1
+        assert again.trainer.adam_steps == {"t0": 0, "t1": 1, "s0": 0, "s1": 0}
+        assert all(same(again.get_adapter_state(n, all_ranks=True), states[n]) for n in NAMES)
+        assert same_moments(all_moments(again), trained)
 
 
 # -- two engines, one algorithm ----------------------------------------------------------------------------

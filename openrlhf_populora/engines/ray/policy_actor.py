@@ -38,6 +38,11 @@ runs upstream's ``init_model_from_pretrained`` unchanged. It reads and writes ad
 per adapter (``forward``, also the sync probe's trainer side), keeps the population state in the DeepSpeed
 checkpoint's client states, and does not broadcast to vLLM: the controller uploads changed adapters through the
 vLLM actors' ``load_adapter``.
+
+**Checkpoints hold the adapters, not the base** (:func:`adapter_only_checkpoints`, installed on the engine at
+``prepare``): the module states keep only the trainable (adapter) parameters, next to the optimizer states; the
+frozen base is not written, and on a resume it is the one the model was built from, ``--actor.model_name_or_path``.
+Checkpoints written before this (the base inside) still load.
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ PER_ADAPTER_PREFIX = "populora"  # status["populora/<adapter>/<metric>"] = float
 CLIENT_STATE_KEY = "populora"  # DeepSpeed client_states[CLIENT_STATE_KEY] = the controller's population state
 ADAPTER_NAMES_STATE_KEY = "populora_adapter_names"  # the adapter names a checkpoint was saved with
 ADAM_STEPS_STATE_KEY = "populora_adam_steps"  # each adapter's own Adam step count
+BASE_MODEL_STATE_KEY = "populora_base_model"  # --actor.model_name_or_path of the run that saved (not in the ckpt)
 
 
 def split_per_adapter(status: Mapping[str, Any]) -> dict[str, dict[str, float]]:
@@ -288,7 +294,8 @@ class MultiAdapterActorTrainer(ActorPPOTrainer):
 
 class _PrepareWithAdapters:
     """The strategy as ``PolicyModelActor.init_model_from_pretrained`` sees it: ``prepare`` first gives the
-    trainable Actor the run's adapters, so upstream's one ``prepare`` call builds one engine over all."""
+    trainable Actor the run's adapters, so upstream's one ``prepare`` call builds one engine over all, then makes
+    that engine's checkpoints adapters-only (:func:`adapter_only_checkpoints`) before upstream's start-up load."""
 
     def __init__(self, strategy, names: Sequence[str], seed: int):
         self.__dict__.update(_strategy=strategy, _names=list(names), _seed=seed)
@@ -306,9 +313,90 @@ class _PrepareWithAdapters:
         strategy = self._strategy
         strategy.get_ds_train_config = functools.partial(no_persistent_params, strategy.get_ds_train_config)
         try:
-            return strategy.prepare(*models)
+            prepared = strategy.prepare(*models)
         finally:
             del strategy.get_ds_train_config  # the instance attribute: the class's method again
+        for entry in models:
+            if isinstance(entry, tuple) and entry[0] is not None:  # before upstream's start-up load_ckpt
+                adapter_only_checkpoints(ads.ds_engine(entry[0]))
+        return prepared
+
+
+def frozen_parameter_names(module: torch.nn.Module, prefix: str = "") -> set[str]:
+    """Every name of every frozen parameter of ``module``, a tied one under each of its names (the tiny model's
+    and small Qwen2/SmolLM2 models' ``lm_head.weight`` is ``embed_tokens.weight``)."""
+    return {prefix + n for n, p in module.named_parameters(remove_duplicate=False) if not p.requires_grad}
+
+
+def load_adapter_module_states(src: Mapping[str, torch.Tensor], dst: torch.nn.Module) -> None:
+    """DeepSpeed's ``custom_load_fn`` for a checkpoint's module states: ``dst.load_state_dict(src)``, strict
+    except that frozen parameters may be absent (an adapters-only checkpoint). Checked before anything is
+    loaded: a checkpoint lacking any other entry of ``dst``'s state dict -- an adapter's tensor -- or holding an
+    entry ``dst`` has not, is refused with the keys named. (The trainable tensors' values also come from the
+    optimizer's fp32 partitions when optimizer states are loaded; the key check is what says the checkpoint is
+    this model's adapters.) Frozen entries, where an older checkpoint has them, are loaded as before."""
+    expected = set(dst.state_dict(keep_vars=True))
+    missing = sorted(expected - set(src) - frozen_parameter_names(dst))
+    unexpected = sorted(set(src) - expected)
+    if missing or unexpected:
+        raise RuntimeError(f"checkpoint module states do not match the model: missing {missing} (only frozen "
+                           f"parameters may be absent), unexpected {unexpected}")
+    dst.load_state_dict(src, strict=False)
+
+
+def adapter_only_checkpoints(engine) -> None:
+    """Make ``engine``'s DeepSpeed checkpoints hold only the trainable (adapter) parameters in the module
+    states; the optimizer states are written as before.
+
+    DeepSpeed's default (``save_checkpoint(exclude_frozen_parameters=False)``, what upstream's
+    ``DeepspeedStrategy.save_ckpt`` calls) writes the whole frozen base into rank 0's module states (15.2 GB for a
+    7B model in bf16) and, as ``frozen_param_fragments``, once more: under ZeRO-2 the whole base again in the same
+    file (a CPU copy every rank takes; on CPU it shares the tensors' storage and is not written twice), under ZeRO-3
+    each rank's partition in its own file (its module states are empty placeholders). A resume reads it back on
+    every rank. Three narrow overrides on this engine instance, so that every caller -- upstream's
+    ``save_ckpt`` with its rotation by ``--ckpt.max_num``/``max_mem`` and its start-up ``load_ckpt``, and
+    :meth:`PopuLoRAPolicyActor.save_state`/``load_state`` -- goes through DeepSpeed's own API unchanged (the
+    strategy's rotation code is not copied):
+
+    - ``save_checkpoint`` defaults ``exclude_frozen_parameters`` to True (an explicit False still writes the
+      base: how the tests make an old-style checkpoint);
+    - ``module_state_dict(exclude_frozen_parameters=True)`` also drops a frozen parameter's tied names:
+      DeepSpeed 0.19 drops the names ``named_parameters()`` lists, one per tied tensor, so a tied
+      ``lm_head.weight`` (vocab x hidden) would stay in the checkpoint;
+    - ``load_checkpoint`` loads the module states with :func:`load_adapter_module_states` (a strict load would
+      refuse the missing base; a plain non-strict one would skip a missing adapter silently). A caller passing
+      its own ``custom_load_fn`` or ``load_module_strict=False`` gets DeepSpeed's behaviour.
+
+    The frozen base is not in the checkpoint: after a load it is the one the model was built from
+    (``--actor.model_name_or_path``). Old checkpoints (the base inside) load as before: their frozen entries and,
+    under ZeRO-2/3, their frozen fragments overwrite the built base with the saved one."""
+    if engine is None or getattr(engine, "_populora_adapter_only", False):
+        return
+    save, load, module_state = engine.save_checkpoint, engine.load_checkpoint, engine.module_state_dict
+
+    def save_checkpoint(save_dir, tag=None, client_state=None, save_latest=True, exclude_frozen_parameters=True):
+        return save(save_dir, tag=tag, client_state={} if client_state is None else client_state,
+                    save_latest=save_latest, exclude_frozen_parameters=exclude_frozen_parameters)
+
+    def module_state_dict(destination=None, prefix="", keep_vars=False, exclude_frozen_parameters=False):
+        state = module_state(destination=destination, prefix=prefix, keep_vars=keep_vars,
+                             exclude_frozen_parameters=exclude_frozen_parameters)
+        if exclude_frozen_parameters and state is not None:
+            for name in frozen_parameter_names(engine.module, prefix):
+                state.pop(name, None)
+        return state
+
+    def load_checkpoint(load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
+                        load_lr_scheduler_states=True, load_module_only=False, custom_load_fn=None):
+        if custom_load_fn is None and load_module_strict:
+            custom_load_fn = load_adapter_module_states
+        return load(load_dir, tag, load_module_strict=load_module_strict,
+                    load_optimizer_states=load_optimizer_states, load_lr_scheduler_states=load_lr_scheduler_states,
+                    load_module_only=load_module_only, custom_load_fn=custom_load_fn)
+
+    engine.save_checkpoint, engine.load_checkpoint = save_checkpoint, load_checkpoint
+    engine.module_state_dict = module_state_dict
+    engine._populora_adapter_only = True
 
 
 def no_persistent_params(get_ds_train_config, *args, **kwargs) -> dict:
@@ -347,6 +435,8 @@ class PopuLoRAPolicyActor(PolicyModelActor.__ray_actor_class__):
 
     def init_model_from_pretrained(self, strategy, pretrain, max_steps=None, vllm_engines=None):
         """Upstream's set-up with the adapters attached before ``prepare`` and :class:`MultiAdapterActorTrainer`.
+        With ``--ckpt.load_enable`` upstream loads ``{ckpt.path}/_actor``: an adapters-only checkpoint leaves the
+        frozen base built from ``pretrain``; an older one with the base inside overwrites it with the saved one.
 
         ``vllm_engines`` is kept (the controller's uploads use them) but not given to upstream, which would open
         an NCCL weight-sync group that LoRA cannot use.
@@ -359,9 +449,7 @@ class PopuLoRAPolicyActor(PolicyModelActor.__ray_actor_class__):
                                            max_steps=max_steps, vllm_engines=None)
         self.strategy = strategy
         self.vllm_engines = vllm_engines
-        saved = self.checkpoint_states.get(ADAPTER_NAMES_STATE_KEY) if self.checkpoint_states else None
-        if saved is not None and list(saved) != self.adapter_names:
-            raise ValueError(f"checkpoint holds adapters {list(saved)}, this run names {self.adapter_names}")
+        self._check_loaded(self.checkpoint_states or {}, "the checkpoint")
         self.trainer = MultiAdapterActorTrainer(
             strategy,
             self.actor,
@@ -487,15 +575,35 @@ class PopuLoRAPolicyActor(PolicyModelActor.__ray_actor_class__):
         already written every living member's adapter to ``<output_dir>/adapters/<member id>/`` and a final
         checkpoint; a copy under slot names here would mislabel members that evolution put in a slot."""
 
-    def save_checkpoint(self, tag, client_states=None, metric_value=None, metric_key=None):
-        """Upstream's DeepSpeed checkpoint (all adapters, the optimizer), with the adapter names and the
-        given ``client_states`` (the controller puts its population state under ``CLIENT_STATE_KEY``).
-        With ``--ckpt.save_hf`` the adapters also go to ``{ckpt.path}/{tag}_hf/<name>/`` in PEFT format."""
-        import os
-
+    def _own_states(self, client_states: Mapping[str, Any] | None) -> dict:
+        """``client_states`` plus what a checkpoint of this actor records: the adapter names, each adapter's
+        Adam step count and the base model's path (the base itself is not in the checkpoint)."""
         states = dict(client_states or {})
         states[ADAPTER_NAMES_STATE_KEY] = list(self.adapter_names)
         states[ADAM_STEPS_STATE_KEY] = dict(self.trainer.adam_steps)
+        states[BASE_MODEL_STATE_KEY] = str(self.strategy.args.actor.model_name_or_path)
+        return states
+
+    def _check_loaded(self, states: Mapping[str, Any], where: str) -> None:
+        """A loaded checkpoint's adapter names must be this run's; a different recorded base path is reported
+        (the checkpoint holds no base: this run's ``--actor.model_name_or_path`` is the one used)."""
+        saved = states.get(ADAPTER_NAMES_STATE_KEY)
+        if saved is not None and list(saved) != self.adapter_names:
+            raise ValueError(f"{where} holds adapters {list(saved)}, this run names {self.adapter_names}")
+        base, ours = states.get(BASE_MODEL_STATE_KEY), str(self.strategy.args.actor.model_name_or_path)
+        if base is not None and base != ours and self.strategy.is_rank_0():
+            print(f"[populora] WARNING: {where} was saved on base model {base}; this run's is {ours}. Checkpoints "
+                  "hold only the adapters: they now run on this run's base.", file=sys.stderr, flush=True)
+
+    def save_checkpoint(self, tag, client_states=None, metric_value=None, metric_key=None):
+        """Upstream's DeepSpeed checkpoint (its ``save_ckpt``, rotation by ``--ckpt.max_num``/``max_mem`` included)
+        of every adapter and the optimizer -- not the frozen base (:func:`adapter_only_checkpoints`) -- with the
+        given ``client_states`` (the controller puts its population state under ``CLIENT_STATE_KEY``) and
+        :meth:`_own_states`. With ``--ckpt.save_hf`` the adapters also go to ``{ckpt.path}/{tag}_hf/<name>/`` in
+        PEFT format."""
+        import os
+
+        states = self._own_states(client_states)
         save_hf, self.save_hf_ckpt = self.save_hf_ckpt, False
         try:
             super().save_checkpoint(tag, states, metric_value=metric_value, metric_key=metric_key)
@@ -505,21 +613,20 @@ class PopuLoRAPolicyActor(PolicyModelActor.__ray_actor_class__):
             self.save_adapters(os.path.join(self.strategy.args.ckpt.path, f"{tag}_hf"))
 
     def save_state(self, path: str, client_states: Mapping[str, Any] | None = None) -> None:
-        """A DeepSpeed checkpoint (every adapter, the optimizer, the scheduler) in folder ``path``, with
-        ``client_states`` and the adapter names. Every rank calls."""
-        states = dict(client_states or {})
-        states[ADAPTER_NAMES_STATE_KEY] = list(self.adapter_names)
-        states[ADAM_STEPS_STATE_KEY] = dict(self.trainer.adam_steps)
+        """A DeepSpeed checkpoint (every adapter, the optimizer, the scheduler; not the frozen base:
+        :func:`adapter_only_checkpoints`) in folder ``path``, with ``client_states`` and :meth:`_own_states`. Every
+        rank calls."""
+        states = self._own_states(client_states)
         self.strategy.save_ckpt(self.actor.model, path, tag="populora", max_num=1 << 30, max_mem=float("inf"),
                                 client_state=states)
 
     def load_state(self, path: str) -> dict:
-        """Restore what ``save_state`` wrote; returns its client states. Every rank calls."""
+        """Restore what ``save_state`` wrote (or an older checkpoint with the base inside); returns its client
+        states. A checkpoint lacking any adapter tensor is refused (:func:`load_adapter_module_states`); an
+        adapters-only one leaves the frozen base the one the model was built from. Every rank calls."""
         _, states = self.strategy.load_ckpt(self.actor.model, path, tag="populora")
         states = dict(states or {})
-        saved = states.get(ADAPTER_NAMES_STATE_KEY)
-        if saved is not None and list(saved) != self.adapter_names:
-            raise ValueError(f"{path} holds adapters {list(saved)}, this run names {self.adapter_names}")
+        self._check_loaded(states, path)
         steps = states.get(ADAM_STEPS_STATE_KEY)
         if steps is not None:
             self.trainer.adam_steps.update({name: int(steps[name]) for name in self.adapter_names})
