@@ -369,3 +369,41 @@ def test_train_cli_follows_a_preset_that_selects_ray(monkeypatch, tmp_path):
     assert train.main(["--config", str(preset)]) == 0 and seen == [["--config", str(preset)]]
     assert train._selects_ray(["--config", str(preset), "--populora.engine", "local"]) is False
     assert train._selects_ray(["--config", "configs/4t4s.yaml"]) is False
+
+
+_ENV_PROBE = """
+import json, os
+from types import SimpleNamespace as N
+import ray
+from openrlhf_populora.engines.ray import cluster
+
+args = N(actor=N(num_nodes=1, num_gpus_per_node=1), vllm=N(num_engines=0, tensor_parallel_size=1),
+         ref=N(num_nodes=1, num_gpus_per_node=1), algo=N(kl=N(init_coef=0.0)),
+         train=N(colocate_all=False, colocate_actor_ref=False))
+assert cluster.connect(args, requested="cpu").initialized
+
+@ray.remote(num_cpus=1)
+def worker_env():
+    return {k: os.environ.get(k) for k in ("VLLM_CPU_KVCACHE_SPACE", "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM")}
+
+print("ENV=" + json.dumps(ray.get(worker_env.remote())))
+ray.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_the_launching_shells_environment_reaches_the_cpu_workers():
+    """A real local Ray started by the launch in CPU mode: a key the user exports (a larger vLLM KV cache) reaches
+    the workers, the CPU defaults fill in the rest. Catches: the CPU defaults overriding the user's value (they
+    did: VLLM_CPU_KVCACHE_SPACE=3 arrived as 1), or not reaching the workers at all."""
+    import json
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM")}
+    env["VLLM_CPU_KVCACHE_SPACE"] = "3"
+    done = subprocess.run([sys.executable, "-c", _ENV_PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(ln for ln in done.stdout.splitlines() if ln.startswith("ENV="))
+    assert json.loads(line[4:]) == {"VLLM_CPU_KVCACHE_SPACE": "3", "OMP_NUM_THREADS": "1",
+                                    "TOKENIZERS_PARALLELISM": "false"}

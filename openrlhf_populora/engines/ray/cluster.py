@@ -19,7 +19,7 @@ Three cases, decided in this order (:func:`connect`):
 
 ``--populora.cluster_device cpu|cuda`` overrides the decision. Only in CPU mode does the launch give Ray's
 workers the CPU worker environment (:data:`CPU_WORKER_ENV`: one thread, vLLM's CPU build with multiprocessing
-off and a 1 GiB KV cache) and :func:`setup_worker` as ``worker_process_setup_hook``, which runs first in every
+off and a 1 GiB KV cache; a key the launching shell sets wins) and :func:`setup_worker` as ``worker_process_setup_hook``, which runs first in every
 worker: where it sees no CUDA, the same environment (keys not already set), the ``flash_attn`` import shim and
 the CPU patches (``patches/openrlhf_0_11_2/cpu.py``: gloo instead of NCCL, CPU
 tensors instead of ``torch.cuda.current_device()``). A worker with CUDA is left alone.
@@ -75,6 +75,12 @@ def setup_worker() -> None:
 
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     setup_cpu_worker()
+
+
+def cpu_worker_env() -> dict[str, str]:
+    """The CPU workers' environment: :data:`CPU_WORKER_ENV`, where the launching shell has not set a key itself
+    (``VLLM_CPU_KVCACHE_SPACE=4 OMP_NUM_THREADS=2 python -m ...`` reaches every worker)."""
+    return {key: os.environ.get(key, value) for key, value in CPU_WORKER_ENV.items()}
 
 
 WORKER_SETUP_HOOK = f"{setup_worker.__module__}.{setup_worker.__name__}"
@@ -180,25 +186,21 @@ def connect(args: Any, requested: str = "auto", worker_setup_hook: str = WORKER_
         elif requested == "cuda":
             ray.init(address=address, runtime_env=driver_runtime_env(env))
             return RayLaunch(cpu=False, initialized=True, address=address)
-        for key, value in CPU_WORKER_ENV.items():
-            os.environ.setdefault(key, value)
-        setup_worker()  # the driver imports OpenRLHF too
+        setup_worker()  # the driver imports OpenRLHF too (and takes the CPU environment's defaults)
         ray.init(address=address, runtime_env=driver_runtime_env(
-            {**env, **CPU_WORKER_ENV}, {"worker_process_setup_hook": worker_setup_hook}))
+            {**env, **cpu_worker_env()}, {"worker_process_setup_hook": worker_setup_hook}))
         return RayLaunch(cpu=True, initialized=True, address=address)
     cpu = planned_cpu(requested)
     if not cpu:
         return RayLaunch(cpu=False, initialized=False)  # upstream's train() starts Ray
-    for key, value in CPU_WORKER_ENV.items():
-        os.environ.setdefault(key, value)
-    setup_worker()  # the driver imports OpenRLHF too
+    setup_worker()  # the driver imports OpenRLHF too (and takes the CPU environment's defaults)
     gpus = logical_gpus_needed(args)
     ray.init(
         num_cpus=max(4, 2 * gpus + 2),  # logical: the trainer, the policy actors and the engines each take one
         num_gpus=gpus,
         include_dashboard=False,
         runtime_env={
-            "env_vars": dict(CPU_WORKER_ENV),
+            "env_vars": cpu_worker_env(),
             "worker_process_setup_hook": worker_setup_hook,
         },
     )
