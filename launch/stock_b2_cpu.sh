@@ -10,15 +10,20 @@
 #
 # Environment (defaults in brackets); extra arguments go to train_ppo_ray and win over these:
 #   MODEL [embedded-coder]  a local HF model directory or one of this package's model names
-#     (a full fine-tune beside vLLM: the 0.5B code model ran out of 24 GB of RAM here; MODEL=embedded peaked at 10.5 GB)
+#     (a full fine-tune beside vLLM: the 0.5B code model needs about 18 GB of free RAM with the defaults below,
+#     MODEL=embedded about 7.5 GB; launch/README.md has the measurements)
 #   OUT [runs/stock-b2]     code_tasks.jsonl, hf/ (the trained model), checkpoints/, tensorboard/
 #   SEED_FILE [configs/seeds/basic.jsonl] or FROM_RUN (a run directory: the tasks it trained on)
 #   TASK_TYPES [code_o,code_i]  LIMIT [all]  EPISODES [1]  LR [1e-6]  MAX_NEW_TOKENS [192]
-#   ROLLOUT_BATCH [4] prompts a step, N_SAMPLES [2] per prompt, TRAIN_BATCH [8]
+#   ROLLOUT_BATCH [4] prompts a step, N_SAMPLES [2] per prompt, TRAIN_BATCH [8], TRAIN_MICRO [1]
+#   ZERO_STAGE [0]: one rank needs no ZeRO, whose flat fp32 copy and reduce buckets cost ~3 GB on the 0.5B model
 #   POP, B1 (run directories), BENCHMARKS [humaneval], DATA_DIR, EVAL_LIMIT: the evaluation
 #   STEPS ["export train evaluate"]
 set -euo pipefail
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TOKENIZERS_PARALLELISM=false
+# glibc returns freed blocks over 128 KiB to the system: without it the engine keeps a model's worth of heap
+# after each weight sync (measured on SmolLM2: 2.4 -> 2.9 GB)
+export MALLOC_MMAP_THRESHOLD_=${MALLOC_MMAP_THRESHOLD_:-131072}
 PY=${PY:-.venv/bin/python}
 OUT=${OUT:-runs/stock-b2}
 STEPS=${STEPS:-export train evaluate}
@@ -36,14 +41,15 @@ if has train; then
     model_dir=$("$PY" -c 'import sys; from openrlhf_populora.models.embedded import resolve_model; print(resolve_model(sys.argv[1], for_vllm=True))' "${MODEL:-embedded-coder}")
     "$PY" -m openrlhf_populora.cli.stock_ppo \
         --actor.model_name_or_path "$model_dir" --actor.num_nodes 1 --actor.num_gpus_per_node 1 \
-        --vllm.num_engines 1 --vllm.enforce_eager --ds.zero_stage 2 --actor.adam.lr "${LR:-1e-6}" \
+        --vllm.num_engines 1 --vllm.enforce_eager --ds.zero_stage "${ZERO_STAGE:-0}" --actor.adam.lr "${LR:-1e-6}" \
         --algo.advantage.estimator reinforce --algo.kl.init_coef 0 \
         --reward.remote_url "$("$PY" -m openrlhf_populora.cli.tasks reward-file)" \
         --data.prompt_dataset "$OUT/code_tasks.jsonl" --data.input_key prompt --data.label_key label \
         --data.apply_chat_template --data.max_len 2048 --rollout.max_new_tokens "${MAX_NEW_TOKENS:-192}" \
         --rollout.batch_size "${ROLLOUT_BATCH:-4}" --rollout.n_samples_per_prompt "${N_SAMPLES:-2}" \
         --rollout.micro_batch_size "${ROLLOUT_BATCH:-4}" --train.batch_size "${TRAIN_BATCH:-8}" \
-        --train.micro_batch_size 2 --train.max_epochs 1 --train.num_episodes "${EPISODES:-1}" --train.seed 42 \
+        --train.micro_batch_size "${TRAIN_MICRO:-1}" --actor.gradient_checkpointing_enable \
+        --train.max_epochs 1 --train.num_episodes "${EPISODES:-1}" --train.seed 42 \
         --ckpt.output_dir "$OUT/hf" --ckpt.save_hf --ckpt.path "$OUT/checkpoints" \
         --logger.tensorboard_dir "$OUT/tensorboard" "$@"
 fi

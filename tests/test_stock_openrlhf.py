@@ -129,7 +129,9 @@ def test_stock_run_trains_the_whole_model_and_saves_it(stock_run):
 
     root, _, model_dir = stock_run
     scalars, _ = read_tensorboard(root / "tensorboard")
-    assert any(scalars["train/actor_grad_norm"][step] > 0 for step in scalars["train/actor_grad_norm"])
+    # (the recipe trains with --ds.zero_stage 0, where DeepSpeed computes no global gradient norm: upstream logs
+    # train/actor_grad_norm as 0, so the loss and the weights are what show the update)
+    assert any(loss != 0 for loss in scalars["train/policy_loss"].values())
     start = load_file(str(model_dir / "model.safetensors"))
     saved = load_file(str(root / "hf" / "model.safetensors"))
     assert set(start) <= set(saved)  # upstream also writes the tied lm_head.weight
@@ -138,11 +140,12 @@ def test_stock_run_trains_the_whole_model_and_saves_it(stock_run):
     assert (root / "hf" / "config.json").is_file() and (root / "hf" / "tokenizer_config.json").is_file()
 
 
-def test_cpu_worker_wrap_loads_every_weight_at_the_last_one(tmp_path, monkeypatch):
+def test_cpu_worker_wrap_streams_the_weights_into_vllm(tmp_path, monkeypatch):
     """The vLLM end of the CPU weight sync: after the trainer's weights arrive one by one, vLLM's log-probs are
-    the trained model's. It catches loading them one at a time (vLLM's CPU build has repacked and dropped its
-    linear weights: that raises), never reloading (the old log-probs), and a stale packed LM head (the tiny
-    model ties it to the embedding, as Qwen2.5-0.5B does)."""
+    the trained model's. It catches loading them one at a time into the live model (vLLM's CPU build has
+    repacked and dropped its linear weights: that raises), never reloading or never finalizing the layerwise
+    reload (the old log-probs), and a stale packed LM head (the tiny model ties it to the embedding, as
+    Qwen2.5-0.5B does)."""
     from transformers import AutoModelForCausalLM
     from vllm import LLM, SamplingParams
 

