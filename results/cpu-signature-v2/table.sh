@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The headline pass@1 table of the laptop experiment, after commands.sh has finished its nine runs.
+# Greedy pass@1 with 95% intervals on all 164 HumanEval problems and on a fixed sample of 200 of MBPP's 500 test
+# problems (cli.evaluate --sample: the 200 whose SHA-256 of id is smallest). No package on PyPI ships the EvalPlus
+# data (HumanEval+, MBPP+), so these are the plain versions. Rows: the base model, the baseline B1, stock
+# OpenRLHF's single agent B2, and the population: its mean per role, best student, best teacher and worst member,
+# and every member.
+#
+# Seed 1 of each arm (evaluating every seed's members costs about 35 machine-minutes a model here).
+#
+# B2 is stock OpenRLHF (launch/stock_b2_cpu.sh: unmodified train_ppo_ray, a full fine-tune) on the tasks the
+# baseline trained on (its buffers), for as many samples as the baseline trained on: 40 steps x (8 proposals + 16
+# answers) = 960, i.e. 120 steps of 4 prompts x 2 samples. It needs about 18 GB of free memory: run it alone.
+# Both steps resume: the evaluation continues from its samples.jsonl, and stock OpenRLHF from its checkpoint.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+RUNS=runs/cpu-signature-v2
+R=results/cpu-signature-v2
+STEP=${STEP:-b2 evaluate}
+
+if [[ " $STEP " == *" b2 "* ]]; then
+  b2=(env OUT="$RUNS/stock-b2" FROM_RUN="$RUNS/signature-baseline-s1" MODEL=embedded-coder MAX_NEW_TOKENS=192)
+  "${b2[@]}" STEPS=export bash launch/stock_b2_cpu.sh
+  tasks=$(wc -l < "$RUNS/stock-b2/code_tasks.jsonl")
+  episodes=$(( (960 + 2 * tasks - 1) / (2 * tasks) ))  # passes over the tasks, 2 samples each: >= 960 samples
+  echo "B2: $tasks tasks x 2 samples x $episodes episodes"
+  "${b2[@]}" EPISODES=$episodes STEPS=train bash launch/stock_b2_cpu.sh --ckpt.save_steps 5 --ckpt.load_enable
+fi
+
+if [[ " $STEP " == *" evaluate "* ]]; then
+  OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} .venv/bin/python -m openrlhf_populora.cli.evaluate \
+    --run "$RUNS/signature-s1" --baseline "$RUNS/signature-baseline-s1" --base \
+    --model "stock-openrlhf=$RUNS/stock-b2/hf" \
+    --benchmarks humaneval,mbpp --sample mbpp=200 --dtype bf16 --out "$RUNS/eval-s1"
+  mkdir -p "$R/table"
+  cp "$RUNS"/eval-s1/results.{md,csv,json,png} "$RUNS/eval-s1/settings.json" "$R/table/"
+fi
