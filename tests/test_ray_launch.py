@@ -407,3 +407,47 @@ def test_the_launching_shells_environment_reaches_the_cpu_workers():
     line = next(ln for ln in done.stdout.splitlines() if ln.startswith("ENV="))
     assert json.loads(line[4:]) == {"VLLM_CPU_KVCACHE_SPACE": "3", "OMP_NUM_THREADS": "1",
                                     "TOKENIZERS_PARALLELISM": "false"}
+
+
+_READY_PROBE = """
+import time
+import ray
+from openrlhf_populora.patches.openrlhf_0_11_2.cpu import install_flash_attn_shim
+
+install_flash_attn_shim()  # OpenRLHF's modules import flash_attn, which a CPU machine has not
+from openrlhf_populora.engines.ray.policy_actor import wait_for_engines
+
+ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR")
+
+@ray.remote(num_cpus=1)
+class SlowEngine:
+    def __init__(self, seconds):
+        time.sleep(seconds)
+        self.started = time.time()
+
+    def started_at(self):
+        return self.started
+
+engines = [SlowEngine.remote(s) for s in (1.0, 3.0)]
+wait_for_engines(engines)
+returned = time.time()
+print("LATE=" + str(max(ray.get([e.started_at.remote() for e in engines])) - returned))
+wait_for_engines([])
+wait_for_engines(None)
+ray.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_the_policy_waits_until_every_vllm_engine_has_started():
+    """Upstream's train() loads the policy while the vLLM engines are still starting; colocated, vLLM would count
+    DeepSpeed's memory as its own. ``wait_for_engines`` (called first in the policy actor's set-up) returns only
+    after the slowest engine's __init__ ended. Catches: no wait (returns ~3 s before the slow engine is up)."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    done = subprocess.run([sys.executable, "-c", _READY_PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    late = float(next(ln for ln in done.stdout.splitlines() if ln.startswith("LATE="))[5:])
+    assert late <= 0.0  # the slow engine had started before wait_for_engines returned

@@ -95,7 +95,7 @@ def cpu_patched():
 
 
 def make_policy(model_dir, tmp_path, zero_stage=2, micro=1, batch=4, load=False, epochs=1, dtype="bf16",
-                max_norm=0.0, scheduler=("--actor.lr_scheduler", "constant")):
+                max_norm=0.0, scheduler=("--actor.lr_scheduler", "constant"), vllm_engines=None):
     from openrlhf.utils import get_strategy
 
     args = upstream_args([
@@ -111,7 +111,7 @@ def make_policy(model_dir, tmp_path, zero_stage=2, micro=1, batch=4, load=False,
     args.populora = SimpleNamespace(adapter_names=list(NAMES), seed=7)
     strategy = get_strategy(args)
     actor = pa.PopuLoRAPolicyActor.__ray_actor_class__.__new__(pa.PopuLoRAPolicyActor.__ray_actor_class__)
-    actor.init_model_from_pretrained(strategy, model_dir, max_steps=10)
+    actor.init_model_from_pretrained(strategy, model_dir, max_steps=10, vllm_engines=vllm_engines)
     return actor
 
 
@@ -489,6 +489,20 @@ def test_an_evolved_child_gets_a_fresh_adam(cpu_patched, tiny_model_dir, tmp_pat
         engine.append(experience(engine, 0, -1.0))
         engine.fit(0.0)
     assert same(actor.get_adapter_state("t0"), fresh.get_adapter_state("t0"))
+
+
+def test_the_model_loads_only_after_the_vllm_engines_started(cpu_patched, tiny_model_dir, tmp_path, monkeypatch):
+    """The set-up waits for the engines (``wait_for_engines``, tested on real Ray actors in test_ray_launch.py)
+    before DeepSpeed builds the model, and keeps them for the uploads. Catches: the wait dropped, or moved after
+    ``prepare`` (colocated, vLLM would count DeepSpeed's memory as its own)."""
+    events = []
+    monkeypatch.setattr(pa, "wait_for_engines", lambda engines: events.append(("wait", list(engines))))
+    prepare = pa._PrepareWithAdapters.prepare
+    monkeypatch.setattr(pa._PrepareWithAdapters, "prepare",
+                        lambda self, *models: (events.append(("prepare", None)), prepare(self, *models))[1])
+    actor = make_policy(tiny_model_dir, tmp_path, vllm_engines=["engine0", "engine1"])
+    assert events == [("wait", ["engine0", "engine1"]), ("prepare", None)]
+    assert actor.vllm_engines == ["engine0", "engine1"]
 
 
 def module_states(folder):

@@ -292,6 +292,16 @@ class MultiAdapterActorTrainer(ActorPPOTrainer):
         return status
 
 
+def wait_for_engines(engines: Sequence[Any] | None) -> None:
+    """Block until every vLLM engine actor has finished starting (its ``__init__`` builds the engine and measures
+    its memory). Upstream's ``train()`` creates the engines without waiting for them (it waits only under
+    ``--vllm.enable_sleep``) and starts loading the policy at once. Colocated on the same GPUs
+    (``--train.colocate_all``), DeepSpeed's allocations during vLLM's start-up would be counted as vLLM's own
+    (vLLM 0.29 measures its use as the drop in device-wide free memory): a smaller KV cache, or a failed start."""
+    if engines:
+        ray.get([engine.__ray_ready__.remote() for engine in engines])
+
+
 class _PrepareWithAdapters:
     """The strategy as ``PolicyModelActor.init_model_from_pretrained`` sees it: ``prepare`` first gives the
     trainable Actor the run's adapters, so upstream's one ``prepare`` call builds one engine over all, then makes
@@ -439,12 +449,14 @@ class PopuLoRAPolicyActor(PolicyModelActor.__ray_actor_class__):
         frozen base built from ``pretrain``; an older one with the base inside overwrites it with the saved one.
 
         ``vllm_engines`` is kept (the controller's uploads use them) but not given to upstream, which would open
-        an NCCL weight-sync group that LoRA cannot use.
+        an NCCL weight-sync group that LoRA cannot use. The model is loaded only once every engine has started
+        (:func:`wait_for_engines`).
         """
         args = strategy.args
         self.adapter_names, seed = populora_settings(args)
         if args.train.enable_ema:
             raise ValueError("--train.enable_ema is not supported with PopuLoRA adapters")
+        wait_for_engines(vllm_engines)
         super().init_model_from_pretrained(_PrepareWithAdapters(strategy, self.adapter_names, seed), pretrain,
                                            max_steps=max_steps, vllm_engines=None)
         self.strategy = strategy
