@@ -125,6 +125,15 @@ def task_sandbox():
         yield sb
 
 
+@pytest.fixture(scope="module")
+def eval_sandbox():
+    """A real sandbox sized for benchmark grading (a problem's whole test list in one job)."""
+    from openrlhf_populora.sandbox import Sandbox
+
+    with Sandbox(workers=2, timeout_s=20.0, memory_mb=1024) as sb:
+        yield sb
+
+
 class CountingSandbox:
     """Delegates to a real sandbox and records each batch it receives."""
 

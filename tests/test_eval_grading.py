@@ -14,15 +14,13 @@ from openrlhf_populora.eval.evaluator import EvalSettings, grade
 from openrlhf_populora.eval.extract import answer_region, extract_code, extract_math_answer, last_boxed
 from openrlhf_populora.eval.math_grading import answers_match
 from openrlhf_populora.eval.prompts import R1_SYSTEM, render_prompt
-from openrlhf_populora.sandbox import Sandbox
 
 DATA = Path(__file__).parent / "data" / "eval"
 
 
 @pytest.fixture(scope="module")
-def sandbox():
-    with Sandbox(workers=2, timeout_s=20.0, memory_mb=1024) as sb:
-        yield sb
+def sandbox(eval_sandbox):
+    return eval_sandbox
 
 
 def canonical(name: str) -> list[str]:

