@@ -10,7 +10,7 @@
 #
 # Environment (defaults in brackets); extra arguments go to train_ppo_ray and win over these:
 #   MODEL [embedded-coder]  a local HF model directory or one of this package's model names
-#     (a full fine-tune beside vLLM: the 0.5B code model needs about 18 GB of free RAM with the defaults below,
+#     (a full fine-tune beside vLLM: the 0.5B code model peaked at 20.6 GB of RAM with the defaults below,
 #     MODEL=embedded about 7.5 GB; launch/README.md has the measurements)
 #   OUT [runs/stock-b2]     code_tasks.jsonl, hf/ (the trained model), checkpoints/, tensorboard/
 #   SEED_FILE [configs/seeds/basic.jsonl] or FROM_RUN (a run directory: the tasks it trained on)

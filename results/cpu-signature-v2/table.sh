@@ -10,7 +10,7 @@
 #
 # B2 is stock OpenRLHF (launch/stock_b2_cpu.sh: unmodified train_ppo_ray, a full fine-tune) on the tasks the
 # baseline trained on (its buffers), for as many samples as the baseline trained on: 40 steps x (8 proposals + 16
-# answers) = 960, i.e. 120 steps of 4 prompts x 2 samples. It needs about 18 GB of free memory: run it alone.
+# answers) = 960, i.e. 120 steps of 4 prompts x 2 samples. It peaked at 20.6 GB: run it alone.
 # Both steps resume: the evaluation continues from its samples.jsonl, and stock OpenRLHF from its checkpoint.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
