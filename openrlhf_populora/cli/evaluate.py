@@ -354,8 +354,9 @@ def main(argv: list[str] | None = None) -> int:
         members = [m for group in groups.values() for m in group]
         lora = check_adapters(members, base_model) if base_model else {}
         samples = parse_samples(args.sample, [*benchmarks, *select_on])
-        problems = {b: load_problems(b, args, samples) for b in benchmarks}  # fail before loading a model
-        selectors = {b: load_problems(b, args, samples) for b in select_on}
+        whole = {b: load_benchmark(b, args.data_dir) for b in [*benchmarks, *select_on]}  # fail before loading a model
+        problems = {b: narrow(whole[b], b, args, samples) for b in benchmarks}
+        selectors = {b: narrow(whole[b], b, args, samples) for b in select_on}
         published = plan_published_checks(args, benchmarks, model_name)
         templates, why = choose_prompt_templates(args, base_model, sources, members)
         print(f"[eval] prompt templates: code {templates['code']}, math {templates['math']} ({why})")
@@ -413,8 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # e.g. --report-only before the selection benchmarks were graded
         parser.exit(2, f"error: {exc}\n")
     summary["settings"] = store.settings  # provenance: templates, lengths, base model, adapter hashes
-    summary["samples"] = {b: {"size": len(problems[b]), "of": len(load_benchmark(b, args.data_dir))}
-                          for b in samples if b in problems}
+    summary["samples"] = {b: {"size": len(problems[b]), "of": len(whole[b])} for b in samples if b in problems}
     checks = [_published_check(score, records, problems[score.benchmark], base_model, args, settings)
               for score in published]
     if checks:
@@ -442,9 +442,9 @@ def parse_samples(specs: list[str], benchmarks: list[str]) -> dict[str, int]:
     return samples
 
 
-def load_problems(name: str, args: argparse.Namespace, samples: dict[str, int]) -> list[Problem]:
-    """Benchmark ``name``'s problems: its fixed sample when ``--sample`` names it, then ``--limit``'s head."""
-    problems = load_benchmark(name, args.data_dir)
+def narrow(problems: list[Problem], name: str, args: argparse.Namespace, samples: dict[str, int]) -> list[Problem]:
+    """Benchmark ``name``'s problems to grade: its fixed sample when ``--sample`` names it, then ``--limit``'s
+    head."""
     if name in samples:
         problems = sample_problems(problems, samples[name])
     return problems[:args.limit] if args.limit else problems
