@@ -415,7 +415,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, f"error: {exc}\n")
     summary["settings"] = store.settings  # provenance: templates, lengths, base model, adapter hashes
     summary["samples"] = {b: {"size": len(problems[b]), "of": len(whole[b])} for b in samples if b in problems}
-    checks = [_published_check(score, records, problems[score.benchmark], base_model, args, settings)
+    checks = [_published_check(score, records, problems[score.benchmark], len(whole[score.benchmark]), base_model,
+                               settings)
               for score in published]
     if checks:
         summary["published_checks"] = checks
@@ -462,13 +463,13 @@ def engine_jobs(base_model: str | None, members: list[EvalMember]) -> list[tuple
     return jobs
 
 
-def _published_check(score: PublishedScore, records: list[dict], problems: list[Problem], base_model: str,
-                     args: argparse.Namespace, settings: EvalSettings) -> dict:
-    """The base model's graded samples of this invocation's problems against the published pass@1."""
+def _published_check(score: PublishedScore, records: list[dict], problems: list[Problem], total: int,
+                     base_model: str, settings: EvalSettings) -> dict:
+    """The base model's graded samples of this invocation's problems against the published pass@1; ``total``:
+    the whole benchmark's problem count, not --limit's head."""
     ids = {p.problem_id for p in problems}
     graded = [r for r in records
               if r["member"] == BASE_MEMBER and r["benchmark"] == score.benchmark and str(r["problem_id"]) in ids]
-    total = len(load_benchmark(score.benchmark, args.data_dir))  # the whole benchmark, not --limit's head
     kind = BENCHMARKS[score.benchmark].kind
     return check_published(score, sum(bool(r["passed"]) for r in graded), len(graded), total,
                            quantised=is_shipped_gguf(base_model),
