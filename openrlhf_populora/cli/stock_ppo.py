@@ -171,7 +171,10 @@ class CpuWorkerWrap(_worker_wrap_class()):
         the last one (upstream's ``empty_cache`` flag marks it) finalizes the reload. The layers that keep their
         weight beside a packed copy (the embedding, and the LM head tied to it) are repacked then: the reload
         leaves their packed copy stale."""
-        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+        from vllm.model_executor.model_loader.reload import (
+            finalize_layerwise_reload,
+            initialize_layerwise_reload,
+        )
 
         weight = torch.empty(tuple(shape), dtype=dtype, device="cpu")
         self._model_update_group.broadcast(weight, src=0)
