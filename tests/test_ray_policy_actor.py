@@ -317,6 +317,10 @@ spec.loader.exec_module(t)
 rank, world, out = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), Path(os.environ["OUT"])
 actor = t.make_policy(os.environ["MODEL"], out, zero_stage=int(os.environ["STAGE"]), micro=2, batch=4)
 t.distinct_adapters(actor)
+from peft.tuners.lora import LoraLayer
+layer = next(m for m in actor.actor.modules() if isinstance(m, LoraLayer))
+widths, fitting = set(), [False]  # how many adapters each training pass runs through a LoRA layer
+layer.register_forward_pre_hook(lambda m, _: widths.add(len(m.active_adapters)) if fitting[0] else None)
 def exp(index, rows):
     e = t.experience(actor, index, 1.0 if index % 2 else -1.0)
     for f in ("sequences", "attention_mask", "action_mask", "action_log_probs", "advantages", "returns",
@@ -335,8 +339,11 @@ for step, plan in enumerate(plans if world == 2 else plans[:2]):
             built = exp(index, rows)
             if world == 1 or r == rank:
                 actor.append(built)
+    fitting[0] = True
     saved[f"fit{step}"] = t.pa.split_per_adapter(actor.fit(0.0))
+    fitting[0] = False
     saved[f"state{step}"] = t.all_states(actor)
+saved["graph_widths"] = widths
 torch.save(saved, out / f"world{world}_rank{rank}.pt")
 """
 
@@ -348,7 +355,8 @@ def test_data_parallel_ranks_training_different_adapters_match_one_rank(tiny_mod
     persistence threshold, which every LoRA tensor here is under) give exactly the single-rank result on the same
     samples (an adapter outside the window must not forward with Adam-drifted persistent copies); a rank without samples of an adapter
     takes part in its window with empty micro-batches (ranks stay in lockstep); adapters absent on every rank
-    stay bit-identical."""
+    stay bit-identical. Training passes run one adapter through the LoRA layers, under ZeRO-3 too: the windows
+    give every rank the same adapter at the same time, so reductions and gathers agree without the others."""
     import subprocess
     import sys
 
@@ -382,6 +390,7 @@ def test_data_parallel_ranks_training_different_adapters_match_one_rank(tiny_mod
     assert set(r0["fit0"]) == {"t0", "t1"} and set(r0["fit2"]) == {"t0", "s0", "s1"}
     assert all(r0["fit2"][n]["updates"] == 1 for n in ("t0", "s0", "s1"))  # one update each, padded or not
     assert same(r0["state2"]["t1"], r0["state1"]["t1"])  # absent on both ranks: untouched
+    assert r0["graph_widths"] == r1["graph_widths"] == {1}
     for name in ["t0", "s0", "s1"]:
         assert not same(r0["state2"][name], r0["state1"][name]), name
 

@@ -122,11 +122,11 @@ def activate(model: Any, name: str, all_in_graph: bool = False) -> None:
 
     ``all_in_graph=True`` runs every adapter in the forward pass with the other adapters' LoRA scaling set to
     0: the output is bit-identical (``y + 0 == y``) and the others get exactly-zero gradients, but every
-    LoRA parameter is in the autograd graph. Data-parallel training needs this when ranks train different
-    adapters in the same step: DeepSpeed's gradient buckets (ZeRO-1/2) and parameter gathers (ZeRO-3) follow
-    the parameters a rank touches, and different sets on different ranks mix gradients (measured on 2 gloo
-    ranks: wrong updates under ZeRO-2; a "disagreement on list contents" error under ZeRO-3). It costs one
-    LoRA product per adapter per layer.
+    LoRA parameter is in the autograd graph. It is for ranks that run DIFFERENT adapters at the same time
+    under ZeRO-3 (experience making's scoring): its parameter gathers follow the parameters a rank touches,
+    and different sets on different ranks fail ("disagreement on list contents", measured on 2 gloo ranks;
+    under ZeRO-2 the same mismatch in the gradient buckets gave wrong updates). Training does not need it: its
+    windows run the same adapter on every rank at once. It costs one LoRA product per adapter per layer.
 
     ``name == BASE_ADAPTER``: the frozen base, as every adapter in the graph with every scaling 0 (no-grad
     scoring only, e.g. the learning probe's base log-probs; the same parameters on every rank under ZeRO-3).

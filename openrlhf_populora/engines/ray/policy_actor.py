@@ -24,10 +24,10 @@ optimizer over all adapters:
 
 Data parallelism: ranks may hold different adapters' samples. Every rank runs every adapter's window with the
 same number of micro-batches (padded with a micro-batch whose loss mask is empty: zero loss, zero gradient), and
-with more than one rank every adapter runs in every training pass with the inactive ones' LoRA scaling at 0
-(``adapters_ds.activate(all_in_graph=True)``), so DeepSpeed's reductions and ZeRO-3's gathers see the same
-parameters on every rank (that the windows alone suffice, since every rank runs the same adapter's window, is
-not yet verified on two ranks). Experience making's forward passes (``forward``) score different adapters on
+since every rank runs the same adapter's window at the same time, DeepSpeed's gradient reductions (ZeRO-1/2)
+and parameter gathers (ZeRO-3, every LoRA tensor partitioned) see the same parameters on every rank with only
+that adapter in the graph: a training pass costs one adapter's LoRA products whatever the rank count (checked on
+two gloo ranks against one rank, under ZeRO-2 and ZeRO-3). Experience making's forward passes (``forward``) score different adapters on
 different ranks at once; they run every adapter only under ZeRO-3, whose gathers need the same parameters on
 every rank: ZeRO-1/2 have no collective in a forward pass, so there they run the one adapter.
 
@@ -149,7 +149,8 @@ class MultiAdapterActorTrainer(ActorPPOTrainer):
         """Upstream's ``training_step`` (loss, backward, ``engine.step``) through the micro-batch's adapter. The
         routing keys are hidden from it (it would log them as metrics) and kept for the next epoch."""
         name = self.adapter_names[self._adapter_of(experience)]
-        ads.activate(self.actor, name, all_in_graph=data_parallel())
+        # one adapter in the graph: every rank runs the same adapter's window (module docstring)
+        ads.activate(self.actor, name)
         info = experience.info
         experience.info = {k: v for k, v in info.items() if k not in (ADAPTER_INFO_KEY, GROUP_INFO_KEY)}
         try:
