@@ -103,7 +103,7 @@ def test_a_sample_is_the_whole_benchmark_of_its_table_and_the_table_says_so(tmp_
     # s0 also answered two problems outside the sample (graded before the sample was chosen), both failed
     others = [p.problem_id for p in load_benchmark("mbpp") if p.problem_id not in ids][:2]
     store.append({"member": "s0", "benchmark": "mbpp", "problem_id": pid, "passed": False} for pid in others)
-    assert main(["--run", str(run), "--benchmarks", "mbpp", "--sample", "mbpp=3", "--report-only"]) == 0
+    assert main(["--run", str(run), "--benchmarks", "mbpp", "--sample", "MBPP=3", "--report-only"]) == 0  # names as --benchmarks takes them
     results = json.loads((run / "eval" / "results.json").read_text())
     assert results["totals"] == {"mbpp": 3} and results["samples"] == {"mbpp": {"size": 3, "of": 500}}
     assert results["members"]["s1"]["scores"] == {"mbpp": 100.0} and results["members"]["s0"]["complete"]

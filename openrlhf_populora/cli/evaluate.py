@@ -81,6 +81,7 @@ from typing import NamedTuple
 from openrlhf_populora.eval.benchmarks import (
     BENCHMARKS,
     BenchmarkFormatError,
+    benchmark_key,
     load_benchmark,
     parse_benchmark_names,
     sample_problems,
@@ -433,7 +434,7 @@ def parse_samples(specs: list[str], benchmarks: list[str]) -> dict[str, int]:
     samples: dict[str, int] = {}
     for spec in specs:
         name, _, size = spec.partition("=")
-        name = name.strip().lower().replace("-", "_")
+        name = benchmark_key(name)
         if not size.strip().isdigit() or int(size) < 1:
             raise ValueError(f"--sample {spec!r}: expected BENCH=N with N a positive whole number, e.g. mbpp=200")
         if name not in benchmarks:

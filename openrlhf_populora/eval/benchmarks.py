@@ -84,11 +84,16 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
 PAPER_BENCHMARKS = ("humaneval_plus", "mbpp_plus", "livecodebench", *MATH_BENCHMARKS)
 
 
+def benchmark_key(raw: str) -> str:
+    """A benchmark name as written by a user -> its key (``" MATH-500"`` -> ``"math_500"``)."""
+    return raw.strip().lower().replace("-", "_")
+
+
 def parse_benchmark_names(text: str) -> list[str]:
     """``"humaneval,gsm8k"`` → names; ``"paper"`` expands to ``PAPER_BENCHMARKS``; unknown names raise."""
     names: list[str] = []
     for raw in text.split(","):
-        name = raw.strip().lower().replace("-", "_")
+        name = benchmark_key(raw)
         if not name:
             continue
         expanded = list(PAPER_BENCHMARKS) if name == "paper" else [name]
