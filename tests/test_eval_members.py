@@ -99,6 +99,15 @@ def test_untrained_members_are_named_with_the_reason(tmp_path):
         "t2": "born at step 2, the run's last step"}
 
 
+def test_a_damaged_training_log_is_an_error_naming_the_line(tmp_path):
+    # catches: a reader that skips a damaged line, so members whose updates were logged there look untrained
+    root = with_training_log(fake_run(tmp_path / "run"))
+    lines = (root / "metrics.jsonl").read_text().splitlines()
+    (root / "metrics.jsonl").write_text(lines[0] + "\n" + lines[1][:25] + "\n")  # step 2 cut in the middle
+    with pytest.raises(ValueError, match=r"metrics.jsonl line 2: not valid JSON\. Fix: repair or remove that line"):
+        load_run_members(root)
+
+
 def test_best_is_never_an_untrained_member(tmp_path):
     # catches: --members best picking the highest mu among all solvers, s1 (mu 28) that never trained
     members = load_run_members(with_training_log(fake_run(tmp_path / "run"))).members

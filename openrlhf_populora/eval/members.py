@@ -31,6 +31,8 @@ from typing import Any
 
 import yaml
 
+from openrlhf_populora.metrics.runs import read_jsonl
+
 BASE_MEMBER = "base"  # the name the base model (no adapter) gets in results
 SOLVER_ROLES = ("student", "both")
 STOCK_ROLE = "stock"  # the role of a full model (--model): the stock OpenRLHF baseline (B2)
@@ -108,29 +110,19 @@ TRAINING_DIAGNOSTICS = ("policy_loss", "grad_norm")  # metric names the loop log
 
 def read_training(run_dir: Path) -> tuple[set[str], int] | None:
     """``(members that took at least one update, the last step logged)`` from the run's ``metrics.jsonl``;
-    None without one."""
+    None without one. A damaged line is an error naming it: a guess at who trained would pick the bests."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return None
+    records = read_jsonl(path, None)
     updated: set[str] = set()
-    last = 0
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{lineno} is not valid JSON ({exc.msg})") from None
-        if not isinstance(record, dict):
-            continue
-        if isinstance(record.get("step"), int):
-            last = max(last, record["step"])
+    for record in records:
         for key, value in record.items():
             parts = key.split("/")
             if (len(parts) == 5 and parts[0] == "member" and parts[3] == "all" and parts[4] in TRAINING_DIAGNOSTICS
                     and isinstance(value, (int, float))):
                 updated.add(parts[1])
-    return updated, last
+    return updated, max((record["step"] for record in records), default=0)
 
 
 def _untrained(record: dict[str, Any], training: tuple[set[str], int] | None) -> str | None:

@@ -31,8 +31,9 @@ from openrlhf_populora.metrics.keys import (
 Series = tuple[np.ndarray, np.ndarray]  # (steps, values)
 
 
-def read_jsonl(path: Path, warnings: list[str]) -> list[dict[str, Any]]:
-    """The objects of a JSONL file that carry an integer ``step``; problems go to ``warnings``."""
+def read_jsonl(path: Path, warnings: list[str] | None) -> list[dict[str, Any]]:
+    """The objects of a JSONL file that carry an integer ``step``; a damaged line is skipped with a message in
+    ``warnings``, or raises ``ValueError`` naming it where ``warnings`` is None."""
     if not path.exists():
         return []
     out: list[dict[str, Any]] = []
@@ -45,15 +46,20 @@ def read_jsonl(path: Path, warnings: list[str]) -> list[dict[str, Any]]:
             obj = json.loads(line)
         except json.JSONDecodeError:
             last = number == len(lines) and not line.endswith("\n")
-            warnings.append(f"{path.name} line {number}: " + ("truncated last line (crash?), skipped" if last
-                                                               else "not valid JSON, skipped"))
+            _damaged(warnings, path, number, "truncated last line (crash?)" if last else "not valid JSON")
             continue
         step = obj.get(STEP) if isinstance(obj, dict) else None
         if isinstance(step, bool) or not isinstance(step, int):
-            warnings.append(f"{path.name} line {number}: no integer 'step', skipped")
+            _damaged(warnings, path, number, "no integer 'step'")
             continue
         out.append(obj)
     return out
+
+
+def _damaged(warnings: list[str] | None, path: Path, number: int, what: str) -> None:
+    if warnings is None:
+        raise ValueError(f"{path} line {number}: {what}. Fix: repair or remove that line.")
+    warnings.append(f"{path.name} line {number}: {what}, skipped")
 
 
 def _number(value: Any) -> float | None:
