@@ -408,3 +408,150 @@ def test_every_operator_handles_modules_narrower_than_the_rank():
     children += [crossover(name, [a, b], seed=0) for name in CROSSOVER_NAMES]
     for child in children:
         assert all(child[k].shape == a[k].shape and bool(torch.isfinite(child[k]).all()) for k in a)
+
+
+# -- exact values the operators promise (each test names the broken implementation it catches) ----------------
+
+
+def test_subspace_rotation_tilts_each_direction_by_exactly_the_angle():
+    # catches: a tilt direction not projected out of span(U) (g + U U^T g), and one normalised over the whole
+    # matrix instead of per column: either turns the first basis vector by less or more than arctan(angle)
+    from openrlhf_populora.evolution.mutations import _tilt
+
+    u = torch.linalg.qr(torch.randn(12, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64))[0]
+    for angle in (0.05, 0.2, 1.0):
+        out = _tilt(u, angle, torch.Generator().manual_seed(1))
+        assert torch.allclose(out.T @ out, torch.eye(3, dtype=torch.float64), atol=1e-12)  # still orthonormal
+        # QR keeps the first column's direction: u_1 + angle * g_1 with g_1 a unit vector orthogonal to span(U)
+        assert float((u.T @ out[:, 0]).norm()) == pytest.approx(1 / math.sqrt(1 + angle**2), abs=1e-12)
+        assert float(out[:, 0] @ u[:, 0]) > 0  # turned from u_1, not flipped
+
+
+def test_drop_components_reports_exactly_the_fraction_it_dropped():
+    # catches: a count overwritten per module instead of summed, kept components counted as dropped, and a
+    # counter that does not start at zero
+    parent = _adapter(0)
+    for p in (0.3, 0.7):
+        info = {}
+        child = mutate("drop_components", parent, seed=2, info=info, p=p)
+        pairs = lora_pairs(parent)
+        dropped = 0
+        for pair in pairs:
+            s = torch.linalg.svdvals(_delta(child, pair))[:RANK]
+            dropped += int((s < 1e-6 * float(torch.linalg.svdvals(_delta(parent, pair))[0])).sum())
+        assert 0 < dropped < RANK * len(pairs)
+        assert info["dropped_fraction"] == dropped / (RANK * len(pairs))
+
+
+@pytest.mark.parametrize("factor", [-1.0, 0.0, float("inf"), float("nan")])
+def test_rescale_refuses_a_factor_that_is_not_finite_and_positive(factor):
+    # catches: "finite OR positive" (inf would pass, and -1 would flip the delta's sign)
+    with pytest.raises(ValueError, match=r"rescale: factor must be finite and > 0, got"):
+        mutate("rescale", _adapter(0), seed=0, factor=factor)
+
+
+def test_crossover_weights_that_are_all_zero_are_refused():
+    # catches: "sum < 0" in place of "sum <= 0" (all-zero weights would divide by zero)
+    with pytest.raises(ValueError, match="not all zero"):
+        crossover("svd_mean", [_adapter(0), _adapter(1)], weights=[0.0, 0.0], seed=0)
+
+
+def test_svd_fitness_weights_are_a_softmax_of_fitness_over_the_temperature():
+    # catches: fitness multiplied by the temperature instead of divided (the same at temperature 1 only)
+    a, b = _adapter(0), _adapter(1)
+    info = {}
+    child = crossover("svd_fitness", [a, b], seed=0, info=info, fitness=[3.0, 1.0], temperature=4.0)
+    w = math.exp(0.5)  # exp((3 - 1) / 4)
+    assert info["weights"] == pytest.approx([w / (w + 1), 1 / (w + 1)], abs=1e-15)
+    assert all(_rel(_delta(child, p), _delta(crossover("svd_mean", [a, b], weights=info["weights"], seed=0), p))
+               < 1e-6 for p in lora_pairs(a))
+
+
+def test_ties_trim_keeps_exactly_the_densest_entries():
+    # catches: an off-by-one in the top-k threshold (k - 1 or k + 1 entries kept)
+    from openrlhf_populora.evolution.crossovers import _trim
+
+    core = (torch.randperm(16, generator=torch.Generator().manual_seed(0)).double() + 1).reshape(4, 4)
+    core[::2] *= -1  # magnitudes 1..16, both signs
+    for density, keep in ((0.25, 4), (0.3, 5), (1 / 16, 1), (0.01, 1), (1.0, 16)):
+        out = _trim(core, density)
+        assert int((out != 0).sum()) == keep, density
+        assert torch.equal(out[out != 0], core[core.abs() > 16 - keep])  # the largest magnitudes, unchanged
+
+
+def test_sv_splice_with_top_zero_is_the_second_parent():
+    # catches: top = 0 refused (it is in the parameter's range [0, inf): every component from parent 2)
+    a, b = _adapter(0), _adapter(1)
+    child = crossover("sv_splice", [a, b], seed=0, top=0)
+    assert all(_rel(_delta(child, p), _delta(b, p)) < 1e-5 for p in lora_pairs(a))
+
+
+def test_slerp_with_a_zero_parent_is_the_linear_blend():
+    # catches: a wrong blend on the zero-norm branch, as with an untrained newborn (its lora_B is zero)
+    a = _adapter(0)
+    fresh = {k: (torch.zeros_like(v) if "lora_B" in k else v) for k, v in _adapter(1).items()}
+    child = crossover("slerp", [a, fresh], seed=0, t=0.3)
+    assert all(_rel(_delta(child, p), 0.7 * _delta(a, p)) < 1e-5 for p in lora_pairs(a))
+
+
+def test_layer_gaussian_lists_its_layers_in_layer_order():
+    # catches: the layers sorted as strings ("10" before "2")
+    info = {}
+    mutate("layer_gaussian", _adapter(0, layers=12), seed=0, info=info, fraction=1.0)
+    assert info["mutated_layers"] == [str(i) for i in range(12)]
+
+
+def test_apply_action_takes_one_state_dict_for_a_one_parent_action():
+    # catches: a lone state dict taken for a mapping of members (its LoRA keys looked up as member ids), and an
+    # unhelpful error when the count of state dicts is wrong
+    population = Population.create(2, 2)
+    ratings = make_ratings()
+    for member in population.alive():
+        ratings.add(member.id)
+    cfg = EvolutionConfig(evolve_every=1, min_age=0, replace_fraction=0.5, operators={"M1": 1.0})
+    action = plan_evolution(population, ratings, 1, cfg, seed=0)[0]
+    a = _adapter(0)
+    assert _same(apply_action(action, a)[0], apply_action(action, [a])[0])
+    with pytest.raises(ValueError, match="action 'gaussian' names 1 parents, got 2 state dicts"):
+        apply_action(action, [a, a])
+
+
+def test_truncation_energy_per_module_names_the_worst_module():
+    # catches: a module whose parents are all zero counted as wholly lost (untrained newborns have lora_B = 0),
+    # and the worst module's name or energy not reported
+    a = _adapter(0)
+    zeroed = lora_pairs(a)[0]
+    a[zeroed.b_key] = torch.zeros_like(a[zeroed.b_key])
+    info = {}
+    crossover("svd_mean", [a, a], seed=0, info=info)  # nothing lost anywhere (but rounding)
+    assert info["truncation_energy"] < 1e-12 and info["max_module_truncation_energy"] < 1e-12
+    assert info["worst_module"] in {""} | {p.module for p in lora_pairs(a)[1:]}
+    b = _adapter(1)
+    info = {}
+    crossover("task_arithmetic", [a, b], seed=0, info=info)  # the sum of two rank-r deltas: rank 2r, truncated
+    lost = {}
+    for pair in lora_pairs(a):
+        s2 = torch.linalg.svdvals(_delta(a, pair) + _delta(b, pair)).square()
+        lost[pair.module] = 1 - float(s2[:RANK].sum() / s2.sum())
+    worst = max(lost, key=lost.get)
+    assert info["worst_module"] == worst
+    assert info["max_module_truncation_energy"] == pytest.approx(lost[worst], abs=1e-5)
+    assert 0 < info["truncation_energy"] < info["max_module_truncation_energy"]
+
+
+def test_no_parents_is_refused_by_name():
+    from openrlhf_populora.evolution.lowrank import check_adapters
+
+    with pytest.raises(ValueError, match="no parent adapters given"):
+        check_adapters([])
+
+
+def test_malformed_parents_are_refused_saying_what_is_wrong():
+    a = _adapter(0)
+    key = "base_model.model.model.layers.0.self_attn.q_proj"
+    with pytest.raises(ValueError, match=r"svd_fitness: need one finite fitness per parent, got \[1.0\]"):
+        crossover("svd_fitness", [a, _adapter(1)], seed=0, fitness=[1.0])
+    with pytest.raises(ValueError, match=f"module '{key}' has no lora_A weight"):
+        mutate("gaussian", {k: v for k, v in a.items() if k != f"{key}.lora_A.weight"}, seed=0)
+    with pytest.raises(ValueError, match=r"lora_A is \(4, 24\) but lora_B is \(32, 3\); expected A \(r x in\) and B"):
+        mutate("gaussian", {**a, f"{key}.lora_B.weight": torch.zeros(32, 3)}, seed=0)

@@ -101,11 +101,6 @@ def check_adapters(adapters: Sequence[Mapping[str, Tensor]]) -> list[LoraPair]:
     return pairs
 
 
-def rank_of(adapter: Mapping[str, Tensor]) -> int:
-    pair = lora_pairs(adapter)[0]
-    return adapter[pair.a_key].shape[0]
-
-
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
