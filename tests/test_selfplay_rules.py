@@ -245,3 +245,31 @@ def test_a_student_whose_teacher_wrote_no_valid_task_tops_up_with_seed_tasks(tmp
     s1 = [a for a in out.attempts if a.student == "s1"]
     assert len(s1) == 14 and {a.task.proposer for a in s1} <= {"t0", "seed"}
     assert sum(a.proposal is not None for a in s1) == 2
+
+
+def test_zero_advantage_samples_are_left_out_when_asked_and_only_they(tmp_path, task_sandbox):
+    """A group with one reward value has advantage 0 everywhere: no policy gradient, so with
+    --populora.skip_zero_advantage (the default) its samples are not trained; every other sample is. Catches:
+    the filter testing another value than 0 (zero-advantage samples trained, they change each adapter's token
+    normalisation), and zero-advantage samples dropped when the flag is off."""
+    from types import SimpleNamespace
+
+    from openrlhf_populora.engines.base import Completion
+    from openrlhf_populora.selfplay.loop import Attempt
+
+    loop, _ = _loop(tmp_path, task_sandbox)
+
+    def attempt(student: str, reward: float, token: int) -> Attempt:
+        return Attempt(student, student, SimpleNamespace(task_type="code_o"),
+                       Completion(student, [1], [token], "answer", True), None, reward=reward)
+
+    # s0: rewards 1, 1 (one value: advantages 0, 0); s1: rewards 1, -1 (advantages +-1 / (1 + 1e-6))
+    attempts = [attempt("s0", 1.0, 5), attempt("s0", 1.0, 6), attempt("s1", 1.0, 7), attempt("s1", -1.0, 8)]
+    a = 1 / (1 + 1e-6)
+    kept = loop._trajectories([], attempts)
+    assert [(t.group, t.response_ids, t.advantage) for t in kept] == [
+        ("s1/solve/code_o", [7], pytest.approx(a, abs=1e-15)), ("s1/solve/code_o", [8], pytest.approx(-a, abs=1e-15))]
+    loop.p.skip_zero_advantage = False
+    kept = loop._trajectories([], attempts)
+    assert [(t.response_ids, t.advantage) for t in kept] == [
+        ([5], 0.0), ([6], 0.0), ([7], pytest.approx(a, abs=1e-15)), ([8], pytest.approx(-a, abs=1e-15))]
