@@ -27,9 +27,10 @@ same number of micro-batches (padded with a micro-batch whose loss mask is empty
 since every rank runs the same adapter's window at the same time, DeepSpeed's gradient reductions (ZeRO-1/2)
 and parameter gathers (ZeRO-3, every LoRA tensor partitioned) see the same parameters on every rank with only
 that adapter in the graph: a training pass costs one adapter's LoRA products whatever the rank count (checked on
-two gloo ranks against one rank, under ZeRO-2 and ZeRO-3). Experience making's forward passes (``forward``) score different adapters on
-different ranks at once; they run every adapter only under ZeRO-3, whose gathers need the same parameters on
-every rank: ZeRO-1/2 have no collective in a forward pass, so there they run the one adapter.
+two gloo ranks against one rank, under ZeRO-2 and ZeRO-3). Experience making's forward passes (``forward``)
+score different adapters on different ranks at once; they run every adapter only under ZeRO-3, whose gathers
+need the same parameters on every rank: ZeRO-1/2 have no collective in a forward pass, so there they run the
+one adapter.
 
 :class:`PopuLoRAPolicyActor` (the Ray actor, ``num_gpus=1``) builds the adapters named
 ``strategy.args.populora.adapter_names`` before ``strategy.prepare`` (one engine, one optimizer) and otherwise
