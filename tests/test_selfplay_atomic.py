@@ -240,3 +240,58 @@ def test_a_crash_at_the_last_step_keeps_the_run(tmp_path, monkeypatch, save_step
     monkeypatch.undo()
     assert run(_resumed(config_for(crashed)), loop_tests._build, progress=False) == 0
     _assert_same_run(_outcome(straight), _outcome(crashed))
+
+
+def _step_one_differences(straight: dict, extended: dict) -> set[str]:
+    """The keys of the step-1 metrics record that differ between two runs."""
+    a, b = straight["metrics"][0], extended["metrics"][0]
+    return {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
+
+
+@pytest.mark.parametrize("crash", [False, True], ids=["straight-on", "crash-after-the-deferred-evolution"])
+def test_a_run_extended_past_its_last_step_makes_that_steps_evolution(straight, tmp_path, monkeypatch, crash):
+    """A 1-step run does not evolve at step 1 (its last: a child would be exported untrained); resumed with
+    --populora.total_steps 2 it makes that evolution first, so it ends as the 2-step run (``straight``, evolution
+    at step 1) does: the same events, population, buffers, adapters and step-2 metrics, exactly. Only step 1's
+    record differs: it describes the members alive before the evolution (the replaced ones, not their children). With ``crash``, step 2 raises after the deferred evolution was logged: the
+    checkpoint still holds step 1 unevolved, and the next resume drops the logged events before evolving again.
+
+    Catches: a resume that never makes the skipped evolution (the children are missing); the pending flag not
+    saved in the checkpoint (the same); events of an interrupted catch-up kept beside the redone ones (two
+    evolution events per child); an evolution made at the last step itself (the 1-step run would have events)."""
+    run_dir = tmp_path / "run"
+    assert run(_config(run_dir, total_steps=1), loop_tests._build, progress=False) == 0
+    short = _outcome(run_dir)
+    assert not [e for e in short["events"] if e.get("kind") == "evolution"]
+    assert json.loads((latest_checkpoint(run_dir / "checkpoints") / "loop.json").read_text()) == \
+        {"step": 1, "evolution_pending": True}
+    if crash:
+        real = loop_module.SelfPlay.run_step
+
+        def crash_after_evolving(self):
+            assert [e["kind"] for e in _lines(run_dir / "events.jsonl")].count("evolution") == 2
+            raise RuntimeError("preempted (simulated)")
+
+        monkeypatch.setattr(loop_module.SelfPlay, "run_step", crash_after_evolving)
+        with pytest.raises(RunFailed, match="step 2 failed .* the run stays at step 1 "):
+            run(_resumed(_config(run_dir, total_steps=2)), loop_tests._build, progress=False)
+        monkeypatch.setattr(loop_module.SelfPlay, "run_step", real)
+    assert run(_resumed(_config(run_dir, total_steps=2)), loop_tests._build, progress=False) == 0
+    extended = _outcome(run_dir)
+    for key in ("problems", "events", "population", "buffers"):
+        assert extended[key] == straight[key], key
+    assert extended["adapters"].keys() == straight["adapters"].keys()
+    for member, tensors in straight["adapters"].items():
+        for name, tensor in tensors.items():
+            assert torch.equal(tensor, extended["adapters"][member][name]), (member, name)
+    assert extended["metrics"][1] == straight["metrics"][1]
+    assert extended["metrics"][0] == short["metrics"][0]  # step 1 as the 1-step run logged it
+    # step 1's record: the straight run logged it after evolving (the children, no replaced members), the extended
+    # run before; every other member's metrics and ratings are the same
+    changed = {e[k] for e in straight["events"] if e.get("kind") == "evolution" for k in ("replaced", "child")}
+    assert len(changed) == 4  # one teacher and one student replaced, and their children
+    differing = _step_one_differences(straight, extended)
+    assert {k for k in differing if k.split("/")[0] in ("member", "rating") and not {k.split("/")[1],
+            k.split("/")[2]} & changed} == set()
+    assert {k for k in differing if k.split("/")[0] not in ("member", "rating")} <= {"learning/update_size",
+                                                                                     "learning/probe_kl"}

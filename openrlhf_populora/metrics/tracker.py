@@ -17,7 +17,7 @@ import json
 import math
 import numbers
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -100,8 +100,9 @@ class _JsonlAppender:
             self.file.close()
             self.file = None
 
-    def truncate_after(self, step: int) -> int:
-        """Drop records with ``step > step`` and unreadable lines; returns how many lines were dropped."""
+    def truncate_after(self, step: int, drop: Callable[[dict], bool] | None = None) -> int:
+        """Drop records with ``step > step``, those ``drop`` picks, and unreadable lines; returns how many lines
+        were dropped."""
         self.close()
         if not self.path.exists():
             return 0
@@ -110,7 +111,8 @@ class _JsonlAppender:
             for line in f:
                 try:
                     obj = json.loads(line)
-                    ok = isinstance(obj, dict) and isinstance(obj.get(STEP), int) and obj[STEP] <= step
+                    ok = isinstance(obj, dict) and isinstance(obj.get(STEP), int) and obj[STEP] <= step and \
+                        not (drop is not None and drop(obj))
                 except json.JSONDecodeError:
                     ok = False
                 if ok:
@@ -251,6 +253,13 @@ class Tracker:
         step = _check_step(step)
         return {path.path.name: path.truncate_after(step)
                 for path in (self._metrics, self._problems, self._events)}
+
+    def forget_events(self, step: int, kind: str) -> int:
+        """Forget the events of ``kind`` logged at ``step``, and every record after ``step`` (resuming from a
+        checkpoint at ``step`` that does not hold the work those events record); returns how many were dropped."""
+        self._check_open()
+        step = _check_step(step)
+        return self._events.truncate_after(step, drop=lambda e: e[STEP] == step and e.get("kind") == kind)
 
     def close(self) -> None:
         if self.closed:

@@ -163,6 +163,7 @@ class SelfPlay:
         self.buffers = TaskBuffers(capacity=self.p.buffer_capacity)
         self.archive = CoverageArchive.create(self.run_dir / "archive", seed=0)
         self.step = 0
+        self.evolution_pending = False  # the last step was due to evolve and did not (evolve_pending)
         self.templates = COMPACT_TEMPLATES if self.p.prompts == "compact" else DEFAULT_TEMPLATES
         self.on_phase: Callable[[str], None] | None = None  # told each phase as it starts (progress bars)
         # member ids that play but never train (the retention study's fixed opponent, cli/retention.py);
@@ -334,6 +335,9 @@ class SelfPlay:
         tic = time.perf_counter()
         games = [] if self.baseline else self._rate(t, matchups, proposals)
         events = self._evolve(t) if self._evolution_due(t) else []
+        # the last step's evolution waits for a resume that extends the run (evolve_pending)
+        self.evolution_pending = not self.baseline and t >= self.p.total_steps and \
+            should_evolve(t, self.p.evolution)
         timings["evolve"] = time.perf_counter() - tic
 
         # 8. how far each member has moved from the base (diagnostics only)
@@ -460,8 +464,18 @@ class SelfPlay:
         return games
 
     def _evolution_due(self, t: int) -> bool:
-        # never at the last step: a child made there would be exported without a single update
+        # never at the last step: a child made there would be exported without a single update (a resume that
+        # extends the run makes it then: evolve_pending)
         return not self.baseline and t < self.p.total_steps and should_evolve(t, self.p.evolution)
+
+    def evolve_pending(self) -> list[dict[str, Any]]:
+        """The evolution the run's last step left for later (``_evolution_due``), when a resume has extended the
+        run past that step: the same actions on the same state as a run this long from the start takes at that
+        step. Returns the events (none when nothing is pending or the run does not go on)."""
+        if not self.evolution_pending or self.step >= self.p.total_steps:
+            return []
+        self.evolution_pending = False
+        return self._evolve(self.step)
 
     def _evolve(self, t: int) -> list[dict[str, Any]]:
         from openrlhf_populora.evolution import apply_action
@@ -489,7 +503,8 @@ class SelfPlay:
         (directory / "ratings.json").write_text(self.ratings.to_json())
         self.buffers.save(directory / "buffers.jsonl")
         self.archive.save(directory / "archive")
-        (directory / "loop.json").write_text(json.dumps({"step": self.step}))
+        (directory / "loop.json").write_text(json.dumps({"step": self.step,
+                                                         "evolution_pending": self.evolution_pending}))
         if self.probe is not None:
             self.probe.save(directory / PROBE_FILE)
 
@@ -499,7 +514,9 @@ class SelfPlay:
         self.ratings = Ratings.from_json((directory / "ratings.json").read_text())
         self.buffers = TaskBuffers.load(directory / "buffers.jsonl", capacity=self.p.buffer_capacity)
         self.archive = CoverageArchive.load(directory / "archive")
-        self.step = json.loads((directory / "loop.json").read_text())["step"]
+        state = json.loads((directory / "loop.json").read_text())
+        self.step = state["step"]
+        self.evolution_pending = bool(state.get("evolution_pending", False))  # older checkpoints: none pending
         # a checkpoint from before the probe existed (or with it off) resumes without one
         probe = directory / PROBE_FILE
         self.probe = Probe.load(probe) if probe.exists() and self.p.probe_size > 0 else None

@@ -253,6 +253,13 @@ def run(config: Config, build_engine: Callable[[Config], Any], sandbox_factory: 
                         tracker.truncate_after(loop.step)
                         saved = loop.step
                         log.info("resumed from %s at step %d", checkpoint, loop.step)
+                        if loop.evolution_pending and loop.step < total:
+                            # the run was extended past a last step that was due to evolve: evolve now (events a
+                            # resume stopped before the next checkpoint are dropped, the checkpoint has no child)
+                            phase = f"the evolution of step {loop.step}, which was the run's last"
+                            tracker.forget_events(loop.step, "evolution")
+                            for event in loop.evolve_pending():
+                                tracker.log_event(loop.step, {"kind": "evolution", **event})
                     else:
                         if ckpt.load_enable:  # check_run_dir refused a run with steps but no checkpoint
                             log.info("--ckpt.load_enable: nothing to resume in %s, starting a new run", run_dir)
