@@ -10,7 +10,10 @@
 #
 # B2 is stock OpenRLHF (launch/stock_b2_cpu.sh: unmodified train_ppo_ray, a full fine-tune) on the tasks the
 # baseline trained on (its buffers), for as many samples as the baseline trained on: 40 steps x (8 proposals + 16
-# answers) = 960, i.e. 120 steps of 4 prompts x 2 samples. It peaked at 20.6 GB: run it alone.
+# answers) = 960, i.e. 120 steps of 4 prompts x 2 samples. It peaked at 20.6 GB: run it alone. Its learning rate
+# is 1e-5, a tenth of the adapters' calibrated 1e-4 (results/lr-calibration): Thinking Machines' "LoRA Without
+# Regret" finds LoRA's best RL learning rate about 10x full fine-tuning's, so 1e-5 is B2's matched rate (the
+# launcher's default 1e-6 would handicap it).
 # Both steps resume: the evaluation continues from its samples.jsonl, and stock OpenRLHF from its checkpoint.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -19,12 +22,14 @@ R=results/cpu-signature-v2
 STEP=${STEP:-b2 evaluate}
 
 if [[ " $STEP " == *" b2 "* ]]; then
-  b2=(env OUT="$RUNS/stock-b2" FROM_RUN="$RUNS/signature-baseline-s1" MODEL=embedded-coder MAX_NEW_TOKENS=192)
+  b2=(env OUT="$RUNS/stock-b2" FROM_RUN="$RUNS/signature-baseline-s1" MODEL=embedded-coder MAX_NEW_TOKENS=192 LR=1e-5)
   "${b2[@]}" STEPS=export bash launch/stock_b2_cpu.sh
   tasks=$(wc -l < "$RUNS/stock-b2/code_tasks.jsonl")
   episodes=$(( (960 + 2 * tasks - 1) / (2 * tasks) ))  # passes over the tasks, 2 samples each: >= 960 samples
   echo "B2: $tasks tasks x 2 samples x $episodes episodes"
-  "${b2[@]}" EPISODES=$episodes STEPS=train bash launch/stock_b2_cpu.sh --ckpt.save_steps 5 --ckpt.load_enable
+  # sampling as the PopuLoRA runs sample (configs/signature.yaml), not upstream's defaults (T=1, top-p 1)
+  "${b2[@]}" EPISODES=$episodes STEPS=train bash launch/stock_b2_cpu.sh --ckpt.save_steps 5 --ckpt.load_enable \
+    --rollout.temperature 0.7 --rollout.top_p 0.95
 fi
 
 if [[ " $STEP " == *" evaluate "* ]]; then
