@@ -9,7 +9,7 @@
 # Nine runs, at most three at a time (each holds about 6.5 GB; four ran out of 24 GB), one torch thread each.
 # Every run checkpoints every step and this script resumes each where it stopped (--ckpt.load_enable), so
 # running it again continues the experiment; a run that has finished its 40 steps returns at once.
-# Afterwards: the comparison across seeds (the last block), written next to this file.
+# Afterwards (the last block): the runs' small files copied here, the comparisons across seeds and the figures.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=runs/cpu-signature-v2
@@ -26,9 +26,24 @@ printf '%s\n' "${jobs[@]}" | xargs -P "${PARALLEL:-3}" -L 1 bash -c '
     --train.seed "$seed" --populora.total_steps 40 --ckpt.output_dir "'"$OUT"'/$arm-s$seed" \
     --ckpt.load_enable >> "'"$OUT"'/$arm-s$seed.log" 2>&1 || echo "$arm seed $seed stopped (status $?)"'
 
-# the comparison across seeds: the population against each baseline
+# what is committed: each run's small result files, never its adapters or checkpoints
 R=results/cpu-signature-v2
-.venv/bin/python -m openrlhf_populora.cli.compare --population $OUT/signature-s{1,2,3} \
-  --baseline $OUT/signature-baseline-s{1,2,3} --out $R/compare-baseline
-.venv/bin/python -m openrlhf_populora.cli.compare --population $OUT/signature-s{1,2,3} \
-  --baseline $OUT/signature-baseline-failure-rate-s{1,2,3} --out $R/compare-control
+for seed in 1 2 3; do
+  for arm in signature signature-baseline signature-baseline-failure-rate; do
+    mkdir -p "$R/$arm-s$seed"
+    cp "$OUT/$arm-s$seed"/{config.yaml,run_meta.json,metrics.jsonl,events.jsonl,population.json,problems.jsonl} \
+      "$R/$arm-s$seed/"
+  done
+done
+
+# the comparisons across seeds, from the committed files alone (anyone can rerun them from a clone): the
+# population against its baseline (population and reward rule together), and against the control (the same
+# reward rule: the population alone)
+mkdir -p $R/compare-baseline $R/compare-control
+.venv/bin/python -m openrlhf_populora.cli.compare --population $R/signature-s{1,2,3} \
+  --baseline $R/signature-baseline-s{1,2,3} --out $R/compare-baseline | tee $R/compare-baseline/compare.txt
+.venv/bin/python -m openrlhf_populora.cli.compare --population $R/signature-s{1,2,3} \
+  --baseline $R/signature-baseline-failure-rate-s{1,2,3} --out $R/compare-control | tee $R/compare-control/compare.txt
+# every run's curves side by side (learning diagnostics, rewards, format rates, complexity, coverage)
+.venv/bin/python -m openrlhf_populora.cli.report $R/signature{,-baseline,-baseline-failure-rate}-s{1,2,3} \
+  --out $R/figures
