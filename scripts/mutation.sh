@@ -7,6 +7,9 @@
 #   MUTATION_SAMPLE=37 scripts/mutation.sh loop   # only mutants whose number ends in 3 or 7 (a 20% sample)
 #   MUTATION_FUNCTIONS="_rate _trajectories" scripts/mutation.sh loop   # only these functions' mutants
 #   MUTATION_REV=a128c85 scripts/mutation.sh      # the code and tests of a commit instead of the work tree
+#   MUTATION_MEMORY_KB=4000000 scripts/mutation.sh tasks  # cap each mutant's address space (ulimit -v): a
+#       mutant can allocate without bound (one in tasks/parsing.py's fenced_blocks reached 9 GB); not for the
+#       groups that load torch, whose address space is larger than what they use
 #
 # Each group mutates some modules and runs a fast, relevant set of test files (mutmut then runs, for each
 # mutant, only the tests among them that execute the mutated function, fastest first, stopping at the first
@@ -30,8 +33,9 @@ declare -A SETS=(
   [population]="openrlhf_populora/population/* | tests/test_population_members.py tests/test_population_ratings.py tests/test_population_matchmaking.py tests/test_population_selection.py tests/test_population_rules.py tests/test_evolution_operators.py"
   [evolution]="openrlhf_populora/evolution/* | tests/test_evolution_operators.py tests/test_evolution_lowrank.py"
   [loop]="openrlhf_populora/selfplay/loop.py | tests/test_selfplay_rules.py tests/test_selfplay_rewards.py"
+  [tasks]="openrlhf_populora/tasks/* | tests/test_tasks_parsing.py tests/test_tasks_checks.py tests/test_tasks_verify.py tests/test_tasks_buffers.py tests/test_tasks_records_prompts.py tests/test_tasks_seed_verify.py tests/test_tasks_values.py tests/test_tasks_programs.py"
 )
-ORDER=(rewards advantages population evolution loop)
+ORDER=(rewards advantages population evolution loop tasks)
 [ "$#" -gt 0 ] && ORDER=("$@")
 
 export OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
@@ -77,7 +81,8 @@ EOF
     for fn in ${FUNCTIONS:-""}; do names+=("*${fn}__mutmut_*${SAMPLE:+[$SAMPLE]}"); done
   fi
   echo "== $group: mutating $modules; tests: ${present[*]}${SAMPLE:+; sample: numbers ending in [$SAMPLE]}${FUNCTIONS:+; functions: $FUNCTIONS}"
-  nice -n 10 "$MUTMUT" run --max-children 1 "${names[@]}" > run.log 2>&1 || { tail -20 run.log; exit 1; }
+  ( [ -n "${MUTATION_MEMORY_KB:-}" ] && ulimit -v "$MUTATION_MEMORY_KB"
+    nice -n 10 "$MUTMUT" run --max-children 1 "${names[@]}" ) > run.log 2>&1 || { tail -20 run.log; exit 1; }
   "$MUTMUT" results --all true > results.txt
   "$PY" - <<'EOF'
 import re

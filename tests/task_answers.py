@@ -26,3 +26,14 @@ def scripted_output_answer(prompt: str, sample: int) -> str:
     right = program.endswith("x + 3") or (not program.endswith("x * 2") and sample % 2 == 0)
     value = repr(eval(f"f({arguments})", scope)) if right else "-12345"
     return f"<think>t</think><answer>```output\n{value}\n```</answer>"
+
+
+class FixedSandbox:
+    """A stand-in for the sandbox that answers every job with one given result object, and records the jobs."""
+
+    def __init__(self, result):
+        self.result, self.items = result, []
+
+    def run(self, items):
+        self.items.extend(items)
+        return [self.result] * len(items)

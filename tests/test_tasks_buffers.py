@@ -135,3 +135,91 @@ def test_seeder_gives_up_after_max_rounds():
     assert [c.reason for c in seeder.last_checks] == ["no_program", "no_program"]
     with pytest.raises(ValueError):
         seeder.feed(seeder.requests(1) or [], ["x"], sb)
+
+
+def test_capacity_one_is_allowed_and_keeps_the_newest():
+    """Catches: a capacity check that rejects 1 (``capacity < 2``): the smallest valid buffer must work."""
+    buffers = TaskBuffers(capacity=1)
+    assert buffers.add(make(1)) and buffers.add(make(2))
+    assert buffers.tasks("code_o") == [make(2)]
+
+
+def test_solver_batch_with_proposers_draws_only_their_tasks_and_the_seeds():
+    """Catches: a ``proposers`` filter that is dropped or broken (other members' tasks, or a crash)."""
+    buffers = TaskBuffers()
+    seeds = [Task("code_o", f"def f(x):\n    return x - {k}\n", ["1"], [str(1 - k)], proposer="seed", step=0)
+             for k in range(2)]
+    mine = [Task("code_o", f"def f(x):\n    return x * {k}\n", ["2"], [str(2 * k)], proposer="a", step=s)
+            for k, s in ((3, 0), (4, 2))]
+    theirs = [Task("code_o", f"def f(x):\n    return x ** {k}\n", ["2"], [str(2 ** k)], proposer="b", step=2)
+              for k in range(2, 4)]
+    buffers.extend(seeds + mine + theirs)
+    batch = buffers.solver_batch("code_o", 10, step=2, rng=random.Random(0), proposers=["a"])
+    assert sorted(t.key() for t in batch) == sorted(t.key() for t in seeds + mine)
+    batch = buffers.solver_batch("code_o", 10, step=2, rng=random.Random(0), proposers=[])
+    assert sorted(t.key() for t in batch) == sorted(t.key() for t in seeds + mine[:1])  # step 0 only
+
+
+def test_save_creates_missing_parent_folders(tmp_path):
+    """Catches: ``mkdir`` without ``parents=True`` (a run dir two levels deep that does not exist yet)."""
+    buffers = TaskBuffers()
+    buffers.add(make(1))
+    path = tmp_path / "a" / "b" / "tasks.jsonl"
+    buffers.save(path)
+    assert TaskBuffers.load(path).tasks("code_o") == [make(1)]
+
+
+@pytest.mark.parametrize("triplets,induction,ok", [(1, 0, True), (0, 0, False), (1, -1, False)])
+def test_seeder_bounds(triplets, induction, ok):
+    """Catches: a bound that rejects ``triplets=1`` (the zero triplet alone is then already complete)."""
+    if not ok:
+        with pytest.raises(ValueError):
+            Seeder(TaskBuffers(), triplets=triplets, induction=induction)
+        return
+    seeder = Seeder(TaskBuffers(), triplets=triplets, induction=induction)
+    assert seeder.complete and seeder.done and seeder.requests(4) == []
+
+
+def test_seeder_requests_one_and_passes_its_rules_and_timeout():
+    """Catches: ``requests(1)`` answering nothing (``batch_size < 2``), and triplet prompts built with the
+    default rules (banned words) instead of the seeder's own."""
+    rules = TaskRules(prompt_banned_words=("zebra", "yak"))
+    seeder = Seeder(TaskBuffers(), triplets=2, induction=0, rules=rules, timeout_s=3.5)
+    assert seeder.requests(0) == []
+    (req,) = seeder.requests(1)
+    assert req.task_type == "code_o" and req.program is None
+    assert "- Do not use any of these words anywhere, not even in comments: zebra, yak.\n" in req.prompt
+    assert "- It finishes within 3.5 seconds.\n" in req.prompt
+
+
+def _triplet(program: str, input_src: str) -> str:
+    return f"<answer>```python\n{program}```\n```input\n{input_src}\n```</answer>"
+
+
+def test_seeder_feed_counts_every_new_triplet_after_an_invalid_one():
+    """Catches: ``feed`` stopping at the first invalid completion of a type (``break``), a count that starts at
+    1, and a count that keeps only the last triplet's (``added =`` instead of ``+=``)."""
+    from openrlhf_populora.tasks.buffers import SeedRequest
+
+    seeder = Seeder(TaskBuffers(), triplets=5, induction=0)
+    requests = [SeedRequest(t, "p") for t in ("code_o", "code_i", "code_o", "code_i")]
+    completions = ["junk", _triplet("def f(x):\n    return x + 7\n", "1"),
+                   _triplet("def f(x):\n    return x * 7\n", "2"), "junk"]
+    with Sandbox(workers=1, timeout_s=2.0, memory_mb=256) as sb:
+        assert seeder.feed(requests, completions, sb) == 2
+    assert [c.reason for c in seeder.last_checks] == ["no_program", "ok", "ok", "no_program"]
+    assert len(seeder.pool) == 3 and seeder.buffers.size("code_o") == seeder.buffers.size("code_i") == 3
+
+
+def test_seeder_a_code_i_proposal_of_a_held_triplet_is_not_new():
+    """Catches: ``_add_triplet`` keeping a code_i proposal as code_i in the pool: the pool (stored as code_o)
+    then misses the duplicate, grows, and ``feed`` counts a triplet the buffers already hold."""
+    from openrlhf_populora.tasks.buffers import SeedRequest
+
+    seeder = Seeder(TaskBuffers(), triplets=3, induction=0)
+    with Sandbox(workers=1, timeout_s=2.0, memory_mb=256) as sb:
+        added = seeder.feed([SeedRequest("code_i", "p")], [_triplet("def f(x):\n    return x\n", "'Hello world'")],
+                            sb)
+    assert seeder.last_checks[0].reason == "ok"
+    assert added == 0 and seeder.pool == [zero_triplet("code_o")]
+    assert seeder.buffers.sizes() == {"code_o": 1, "code_i": 1, "code_f": 0}

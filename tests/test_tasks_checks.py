@@ -1,6 +1,9 @@
 """Proposal validity end to end, through the real sandbox."""
 
+from types import SimpleNamespace
+
 import pytest
+from task_answers import FixedSandbox
 
 from openrlhf_populora.sandbox import Sandbox
 from openrlhf_populora.tasks import Task, TaskRules, check_proposal, check_proposals, zero_triplet
@@ -252,3 +255,69 @@ def test_input_taken_from_an_unlabelled_block_after_the_program(sandbox):
 def test_a_call_with_computed_arguments_is_still_not_an_input(sandbox):
     text = "```python\ndef f(x):\n    return x\n\nf(len([1, 2]))\n```"
     assert check_proposal("code_o", text, sandbox).reason == "input_not_a_value"
+
+
+# ------------------------------------------------------------------------------- exact reasons and records
+
+
+LONG_INPUT = "'" + "a" * 999 + "'"  # 1001 characters: one over max_input_chars
+
+
+@pytest.mark.parametrize("text, rules, expected", [
+    # Catches: the format reject recording tags_ok as None instead of False.
+    (proposal("def f(x):\n    return x", tags=False), TaskRules(require_tags=True),
+     {"valid": False, "reason": "format", "tags_ok": False, "exec_s": 0.0, "task": None}),
+    # Catches: the static rejects below losing tags_ok (False although the answer was tagged).
+    ("<think>t</think><answer>no program here</answer>", None,
+     {"valid": False, "reason": "no_program", "tags_ok": True, "exec_s": 0.0, "task": None}),
+    (proposal("def f(x):\n    return x +"), None,
+     {"valid": False, "reason": "program_syntax", "tags_ok": True, "exec_s": 0.0, "task": None}),
+    # Catches: a wrong tag (or a crash) for an input over max_input_chars.
+    (proposal("def f(x):\n    return x", LONG_INPUT), None,
+     {"valid": False, "reason": "input_too_long", "tags_ok": True, "exec_s": 0.0, "task": None}),
+])
+def test_static_rejects_exact_records(text, rules, expected):
+    """Catches: to_dict keys renamed ("reason", "exec_s" are what problems.jsonl holds)."""
+    sb = FixedSandbox(None)
+    check = check_proposal("code_o", text, sb, rules=rules)
+    assert check.to_dict() == expected and sb.items == []
+
+
+@pytest.mark.parametrize("result, reason", [
+    (SimpleNamespace(), "run_failed"),  # no status at all
+    (SimpleNamespace(status=""), "run_failed"),
+    (SimpleNamespace(status="ok", value="('ok', '1'"), "run_failed"),  # unreadable value
+    (SimpleNamespace(status="ok", value="('ok', '1')"), "run_failed"),  # not a 3-tuple
+    (SimpleNamespace(status="error", value=None), "run_error"),
+    (SimpleNamespace(status="timeout"), "timeout"),
+])
+def test_unreadable_sandbox_results_give_exact_reasons(result, reason):
+    """Catches: "run_None" / "run_XXXX" / "run_" / "RUN_FAILED" instead of "run_failed" for a result with no
+    status, an empty one, or one that cannot be read; a crash on results without ``wall_s`` (exec_s is
+    then 0.0); and ``valid`` set to None instead of False for a run-stage reject."""
+    check = check_proposal("code_o", proposal("def f(x):\n    return x"), FixedSandbox(result))
+    assert check.valid is False and check.reason == reason and check.task is None
+    assert check.tags_ok is True and check.exec_s == 0.0
+
+
+@pytest.mark.parametrize("runs", [1, 2])
+def test_run_count_and_exec_time(runs):
+    """Catches: a one-run check failing (reading a second run that does not exist); exec_s is the sum of the
+    proposal's runs."""
+    sb = FixedSandbox(SimpleNamespace(status="ok", value="('ok', '7', True)", wall_s=0.25))
+    for task_type in ("code_o", "code_i"):
+        check = check_proposal(task_type, proposal("def f(x):\n    return x + 6"), sb,
+                               rules=TaskRules(determinism_runs=runs))
+        assert check.valid is True and check.reason == "ok" and check.exec_s == 0.25 * runs
+        assert check.task.inputs == ["1"] and check.task.outputs == ["7"]
+
+
+def test_induction_keeps_the_given_program_verbatim(sandbox):
+    """The program a code_f proposer was shown is used as it is, top-level statements included (it was
+    checked when it entered the buffer). Catches: stripping it again, which here drops the call that fills
+    ``CACHE`` so every input fails with run_error."""
+    program = "CACHE = []\nCACHE.append(5)\n\ndef f(x):\n    return x + CACHE[0]\n"
+    rules = TaskRules(induction_inputs=2, induction_min_inputs=2, determinism_runs=1)
+    check = check_proposal("code_f", induction(["1", "2"]), sandbox, program=program, rules=rules)
+    assert check.valid, check.reason
+    assert check.task.program == program and check.task.outputs == ["6", "7"] and check.task.shown == [0]

@@ -261,3 +261,38 @@ def test_parsers_only_ever_raise_parse_error(text):
     max_leaves=12))
 def test_repr_of_builtin_values_round_trips_through_literal_value(value):
     assert literal_value(repr(value)) == value
+
+
+# ------------------------------------------------------------------------------------------- boundaries
+
+
+@pytest.mark.parametrize("text, expected", [
+    # Catches the region ending at the LAST </answer> (rfind) instead of the first one after <answer>.
+    ("<answer>a</answer>b</answer>", ("a", False)),
+    # Catches the </think> search not bounded by <answer>: a </think> after the answer does not count.
+    ("<answer>a</answer></think>", ("a", False)),
+    # Catches `>= 1` for the </think> position: a </think> at index 0 counts.
+    ("</think><answer>a</answer>", ("a", True)),
+    # Catches `think > 0`: without <answer>, a </think> at index 0 still starts the region.
+    ("</think>abc", ("abc", False)),
+])
+def test_answer_region_boundaries(text, expected):
+    assert extract_answer(text) == expected
+
+
+def test_single_unclosed_block_keeps_its_body():
+    """Catches the closing-fence search starting at the text's beginning instead of after the header (the
+    opening fence is then taken as its own close: an empty body; with two fences the scan never ends)."""
+    assert fenced_blocks("```py\nx = 1\n") == [("py", "x = 1\n")]
+
+
+@pytest.mark.parametrize("region, expected", [
+    # Catches the span's close found with find (the first </output>): the last complete span wins.
+    ("<output>1</output> <output>2</output>", "2"),
+    # Catches the span's open found with find (the first <output>): the span starts at the nearest open.
+    ("<output>1<output>2</output>", "2"),
+    # Catches the single-line fallback accepting a line with fences in it (no block was found in it).
+    ("```x```", None),
+])
+def test_value_block_tag_spans_and_fence_line(region, expected):
+    assert find_value_block(region, "output") == expected

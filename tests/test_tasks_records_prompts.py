@@ -145,3 +145,53 @@ def test_compact_proposer_references_show_only_what_a_proposal_contains():
     default = proposer_prompt("code_o", [ref], templates=DEFAULT_TEMPLATES)
     assert "```input\n'Hello world'\n```" in compact and "```output" not in compact
     assert "```output\n'Hello world'\n```" in default  # AZR shows the references' outputs
+
+
+@pytest.mark.parametrize("shown", [[0, 3], [-1, 0], [5]])
+def test_code_f_shown_index_out_of_range_is_rejected(shown):
+    """Catches: an off-by-one range check (``i > len(inputs)``) that accepts index ``len(inputs)``, a pair that
+    does not exist, as shown."""
+    with pytest.raises(ValueError, match="out of range"):
+        Task("code_f", "def f(x): return x", ["1", "2", "3"], ["1", "2", "3"], shown=shown)
+
+
+def test_key_accepts_any_text_a_json_record_can_hold():
+    """Catches: a key hashed from non-ASCII-escaped JSON: a lone surrogate (``"\\ud800"`` in a JSON file loads
+    as one) then makes ``key()`` raise UnicodeEncodeError, so the buffers cannot hold the task."""
+    task = Task.from_json(json.dumps({"task_type": "code_o", "program": "def f(x):\n    return x\n",
+                                      "inputs": ["'\ud800'"], "outputs": ["'\ud800'"]}))
+    assert task.inputs == ["'\ud800'"]
+    assert len(task.key()) == 40 and task.key() != zero_triplet().key()
+
+
+def test_retyped_copies_meta():
+    """Catches: ``retyped`` sharing the original's ``meta`` dict (editing one task's meta edits the other's)."""
+    task = Task("code_o", "def f(x):\n    return x\n", ["1"], ["1"], meta={"parent": "p"})
+    other = task.retyped("code_i")
+    other.meta["parent"] = "q"
+    assert task.meta == {"parent": "p"} and other.meta == {"parent": "q"}
+
+
+def test_seed_tasks_exactly():
+    """Catches: any change to AZR's seed tasks (their pairs, the induction message, the ``seed`` provenance)."""
+    program = "def f(x):\n    return x\n"
+    for task_type in ("code_o", "code_i"):
+        assert zero_triplet(task_type).to_dict() == {
+            "task_type": task_type, "program": program, "inputs": ["'Hello world'"], "outputs": ["'Hello world'"],
+            "message": "", "shown": [0], "proposer": "seed", "step": 0, "meta": {}}
+    inputs = ["'Hello world'", "1", "[1, 2, 3]", "{'a': 1}", "(1, 'b')", "True"]
+    assert zero_induction_task().to_dict() == {
+        "task_type": "code_f", "program": program, "inputs": inputs, "outputs": inputs,
+        "message": "Return the input unchanged.", "shown": [0, 1, 2], "proposer": "seed", "step": 0, "meta": {}}
+
+
+@pytest.mark.parametrize("task_type,sentence", [
+    ("code_o", "is shown the program and the input will have to work out the output by reasoning"),
+    ("code_i", "is shown the program and the output will have to work out an input that produces it by reasoning"),
+], ids=["code_o", "code_i"])
+def test_triplet_proposer_prompt_says_what_the_solver_sees_and_the_timeout(task_type, sentence):
+    """Catches: a proposer prompt that describes the wrong (or garbled) solver view, or that loses the timeout
+    (``$timeout`` rendered as ``None``)."""
+    text = proposer_prompt(task_type, [], timeout_s=2.5)
+    assert sentence in text and "- It finishes within 2.5 seconds.\n" in text
+    assert "- It finishes within 10 seconds.\n" in proposer_prompt(task_type, [])

@@ -111,3 +111,17 @@ def test_the_loop_verifies_its_seed_file(sandbox, tmp_path):
     loop = SelfPlay(config, engine=None, sandbox=sandbox, run_dir=tmp_path / "run")
     with pytest.raises(SeedFileError, match=r"seeds.jsonl:1: wrong seed task \(code_o\)"):
         loop.seed_buffers()
+
+
+def test_the_callers_rules_verify_the_seed_file(sandbox, tmp_path):
+    """Catches: ``load_seed_file`` verifying with the default rules instead of the ``rules`` it was given (a seed
+    that breaks the run's own task rules would then be accepted as gold)."""
+    from openrlhf_populora.tasks import TaskRules
+    from openrlhf_populora.tasks.rules import DEFAULT_BANNED_MODULES
+
+    path = _write(tmp_path, [{"task_type": "code_o", "program": "import math\ndef f(x):\n    return math.floor(x)\n",
+                              "inputs": ["2.5"], "outputs": ["2"]}])
+    assert load_seed_file(path, sandbox).size("code_o") == 1  # math is allowed by default
+    rules = TaskRules(banned_modules=(*DEFAULT_BANNED_MODULES, "math"))
+    with pytest.raises(SeedFileError, match=rf"^{path}:1: .*not a valid task on input '2.5' \(banned_module:math\)"):
+        load_seed_file(path, sandbox, rules=rules)

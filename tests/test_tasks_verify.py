@@ -6,8 +6,9 @@ import builtins
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from task_answers import FixedSandbox
 
-from openrlhf_populora.sandbox import Sandbox
+from openrlhf_populora.sandbox import ExecResult, Sandbox
 from openrlhf_populora.tasks import Task, TaskRules, check_proposal, verify_answer, verify_answers
 
 
@@ -312,3 +313,66 @@ def test_fast_literal_path_agrees_with_the_sandbox(sandbox, gold, pred):
     task = triplet("code_o", "def f(x):\n    return x\n", "0", repr(gold))
     answers = [out(repr(pred)), out(repr(gold))]
     assert verdicts(sandbox, task, answers, True) == verdicts(sandbox, task, answers, False)
+
+
+# ------------------------------------------------------------------------------------------- verdict fields
+
+TAGGED_TWO_LINES = "<think>t</think>\n<answer>\ntwo\nlines\n</answer>"
+
+
+@pytest.mark.parametrize("task_type, completion, rules, reason, tags_ok", [
+    ("code_o", None, TaskRules(), "not_text", False),
+    ("code_o", "```output\n1\n```", TaskRules(require_tags=True), "format", False),
+    ("code_o", TAGGED_TWO_LINES, TaskRules(), "no_output", True),
+    ("code_i", TAGGED_TWO_LINES, TaskRules(), "no_input", True),
+    ("code_o", out("f(1)"), TaskRules(), "not_a_value", True),
+])
+def test_malformed_answer_verdicts_exactly(task_type, completion, rules, reason, tags_ok):
+    """What lands in problems.jsonl for a malformed answer: the reason tag, ``correct`` exactly False (not None:
+    summaries take float() of it) and the completion's own tags_ok. Catches correct=None for not_text/format,
+    the tag "FORMAT", tags_ok dropped (or None) on no_<kind> and on a ParseError, and to_dict's keys renamed."""
+    task = triplet(task_type, "def f(x):\n    return x\n", "1", "1")
+    v = verify_answers([task], [completion], None, rules=rules)[0]  # no answer to run: the sandbox is not used
+    assert v.to_dict() == {"format_ok": False, "correct": False, "reason": reason, "tags_ok": tags_ok,
+                           "answer": None, "exec_s": 0.0}
+
+
+def test_entry_parameters_are_those_of_f_not_of_an_earlier_definition(sandbox):
+    """Assignments answering code_i are matched to ``f``'s parameters. Catches the entry found by `isinstance(...)
+    or name == "f"`: the helper ``g`` before ``f`` taken as the entry (x = 1 then reads as malformed), and a
+    top-level statement before ``f`` raising AttributeError."""
+    helper_first = "def g(a, b):\n    return a + b\n\ndef f(x):\n    return g(x, 1)\n"
+    constant_first = "K = 1\n\ndef f(x):\n    return x + K\n"
+    for program in (helper_first, constant_first):
+        v = verify_answer(triplet("code_i", program, "1", "2"), prog("x = 1"), sandbox)
+        assert (v.format_ok, v.correct, v.reason, v.answer) == (True, True, "correct", "1")
+
+
+def test_verify_answer_runs_its_sandbox_and_reads_the_last_program(sandbox):
+    """Catches verify_answer not handing its sandbox on (an answer that must run then raises), code_f taking the
+    FIRST ```python block (a draft) instead of the last, and a finished run with other values not tagged
+    "wrong"."""
+    task = _induction(sandbox)
+    draft, final = "def f(xs):\n    return xs", "def f(xs):\n    return sorted(xs)[::2]"
+    two = f"<think>t</think>\n<answer>\n```python\n{draft}\n```\n```python\n{final}\n```\n</answer>"
+    v = verify_answer(task, two, sandbox)
+    assert (v.format_ok, v.correct, v.reason, v.tags_ok) == (True, True, "correct", True)
+    v = verify_answer(task, prog(draft), sandbox)
+    assert (v.format_ok, v.correct, v.reason) == (True, False, "wrong")
+
+
+@pytest.mark.parametrize("result, correct, reason, exec_s", [
+    (ExecResult("ok", "True", wall_s=0.5), True, "correct", 0.5),
+    (ExecResult("ok", "False", wall_s=0.25), False, "wrong", 0.25),
+    (ExecResult("timeout", wall_s=2.0), False, "run_timeout", 2.0),
+    (ExecResult("error", error="ValueError: x", wall_s=0.125), False, "run_error", 0.125),
+    (None, False, "run_failed", 0.0),  # a result without status or wall_s (outside the Executor protocol)
+])
+def test_sandbox_result_to_verdict(result, correct, reason, exec_s):
+    """How one sandbox result becomes the verdict of a parsed code_i answer. Catches the "ok" status not
+    recognised (a wrong answer tagged "run_ok"), and missing status/wall_s read without their defaults
+    (AttributeError instead of run_failed with exec_s 0.0)."""
+    task = triplet("code_i", "def f(x):\n    return x\n", "1", "1")
+    v = verify_answers([task], [inp("1")], FixedSandbox(result))[0]
+    assert v.to_dict() == {"format_ok": True, "correct": correct, "reason": reason, "tags_ok": True,
+                           "answer": "1", "exec_s": exec_s}
