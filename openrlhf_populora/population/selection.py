@@ -27,8 +27,8 @@
    writes the child's weights there and resets that slot's optimizer state. Its rating starts at its
    parents' mean ``mu`` with the prior ``sigma`` (``Ratings.add_child``).
 
-The loop never runs an event at the run's last step (``SelfPlay._evolution_due``): a child made then would
-be exported without a single update.
+The loop never runs an event at the run's last step (``SelfPlay.run_step``): a child made then would be
+exported without a single update. A resume that extends the run makes it first (``SelfPlay.evolve_pending``).
 
 **Why mu.** Who to retire is a question about skill, and ``mu`` is the rating's estimate of it. ``mu - 3
 sigma`` is a lower bound instead: it ranks a member low for being *uncertain*, not for being weak. A child

@@ -334,10 +334,11 @@ class SelfPlay:
         self._enter("evolve")
         tic = time.perf_counter()
         games = [] if self.baseline else self._rate(t, matchups, proposals)
-        events = self._evolve(t) if self._evolution_due(t) else []
-        # the last step's evolution waits for a resume that extends the run (evolve_pending)
-        self.evolution_pending = not self.baseline and t >= self.p.total_steps and \
-            should_evolve(t, self.p.evolution)
+        # never at the last step: a child made there would be exported without a single update (a resume that
+        # extends the run makes it then: evolve_pending)
+        due = not self.baseline and should_evolve(t, self.p.evolution)
+        events = self._evolve(t) if due and t < self.p.total_steps else []
+        self.evolution_pending = due and t >= self.p.total_steps
         timings["evolve"] = time.perf_counter() - tic
 
         # 8. how far each member has moved from the base (diagnostics only)
@@ -463,13 +464,8 @@ class SelfPlay:
                 games += self.ratings.record_matchup(m.teacher, m.student, rates, step=t)
         return games
 
-    def _evolution_due(self, t: int) -> bool:
-        # never at the last step: a child made there would be exported without a single update (a resume that
-        # extends the run makes it then: evolve_pending)
-        return not self.baseline and t < self.p.total_steps and should_evolve(t, self.p.evolution)
-
     def evolve_pending(self) -> list[dict[str, Any]]:
-        """The evolution the run's last step left for later (``_evolution_due``), when a resume has extended the
+        """The evolution the run's last step left for later (``run_step``), when a resume has extended the
         run past that step: the same actions on the same state as a run this long from the start takes at that
         step. Returns the events (none when nothing is pending or the run does not go on)."""
         if not self.evolution_pending or self.step >= self.p.total_steps:
