@@ -28,6 +28,11 @@ def scripted_output_answer(prompt: str, sample: int) -> str:
     return f"<think>t</think><answer>```output\n{value}\n```</answer>"
 
 
+def proposal(program: str, inputs: str = "1", tags: bool = True) -> str:
+    """A code_o / code_i proposal as the proposer prompt asks for it: the program, then one input."""
+    body = f"```python\n{program}\n```\n```input\n{inputs}\n```"
+    return f"<think>plan</think>\n<answer>\n{body}\n</answer>" if tags else body
+
 class FixedSandbox:
     """A stand-in for the sandbox that answers every job with one given result object, and records the jobs."""
 

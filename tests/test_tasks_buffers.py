@@ -3,6 +3,7 @@
 import random
 
 import pytest
+from task_answers import proposal
 
 from openrlhf_populora.sandbox import Sandbox
 from openrlhf_populora.tasks import Seeder, Task, TaskBuffers, TaskRules, zero_triplet
@@ -192,10 +193,6 @@ def test_seeder_requests_one_and_passes_its_rules_and_timeout():
     assert "- It finishes within 3.5 seconds.\n" in req.prompt
 
 
-def _triplet(program: str, input_src: str) -> str:
-    return f"<answer>```python\n{program}```\n```input\n{input_src}\n```</answer>"
-
-
 def test_seeder_feed_counts_every_new_triplet_after_an_invalid_one():
     """Catches: ``feed`` stopping at the first invalid completion of a type (``break``), a count that starts at
     1, and a count that keeps only the last triplet's (``added =`` instead of ``+=``)."""
@@ -203,8 +200,8 @@ def test_seeder_feed_counts_every_new_triplet_after_an_invalid_one():
 
     seeder = Seeder(TaskBuffers(), triplets=5, induction=0)
     requests = [SeedRequest(t, "p") for t in ("code_o", "code_i", "code_o", "code_i")]
-    completions = ["junk", _triplet("def f(x):\n    return x + 7\n", "1"),
-                   _triplet("def f(x):\n    return x * 7\n", "2"), "junk"]
+    completions = ["junk", proposal("def f(x):\n    return x + 7", "1"),
+                   proposal("def f(x):\n    return x * 7", "2"), "junk"]
     with Sandbox(workers=1, timeout_s=2.0, memory_mb=256) as sb:
         assert seeder.feed(requests, completions, sb) == 2
     assert [c.reason for c in seeder.last_checks] == ["no_program", "ok", "ok", "no_program"]
@@ -218,7 +215,7 @@ def test_seeder_a_code_i_proposal_of_a_held_triplet_is_not_new():
 
     seeder = Seeder(TaskBuffers(), triplets=3, induction=0)
     with Sandbox(workers=1, timeout_s=2.0, memory_mb=256) as sb:
-        added = seeder.feed([SeedRequest("code_i", "p")], [_triplet("def f(x):\n    return x\n", "'Hello world'")],
+        added = seeder.feed([SeedRequest("code_i", "p")], [proposal("def f(x):\n    return x", "'Hello world'")],
                             sb)
     assert seeder.last_checks[0].reason == "ok"
     assert added == 0 and seeder.pool == [zero_triplet("code_o")]

@@ -3,7 +3,7 @@
 from types import SimpleNamespace
 
 import pytest
-from task_answers import FixedSandbox
+from task_answers import FixedSandbox, proposal
 
 from openrlhf_populora.sandbox import Sandbox
 from openrlhf_populora.tasks import Task, TaskRules, check_proposal, check_proposals, zero_triplet
@@ -12,11 +12,6 @@ from openrlhf_populora.tasks import Task, TaskRules, check_proposal, check_propo
 @pytest.fixture(scope="module")
 def sandbox(task_sandbox):
     return task_sandbox
-
-
-def proposal(program: str, inputs: str = "1", tags: bool = True) -> str:
-    body = f"```python\n{program}\n```\n```input\n{inputs}\n```"
-    return f"<think>plan</think>\n<answer>\n{body}\n</answer>" if tags else body
 
 
 def induction(inputs: list[str], message: str | None = "hint") -> str:
