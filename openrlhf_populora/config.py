@@ -100,7 +100,8 @@ class TrainConfig:
 # checkpoints, where its metrics go, whether figures are drawn and how many sandbox processes run. None of them
 # changes a number the run computes. ``populora.total_steps`` may change too, unless the learning-rate schedule spans
 # it (see ``resume_conflicts``): an interrupted run given more steps equals a run started with them; a finished run
-# extended goes on from its last step as it stood (the evolution a last step skips is not made up)
+# extended first makes the evolution its old last step skipped (recorded in the checkpoint), then goes on: it ends
+# as a run started with the larger total would
 MAY_CHANGE_ON_RESUME = ("ckpt.", "logger.", "populora.report", "populora.sandbox.workers")
 MAY_CHANGE_ON_RESUME_HELP = ("populora.total_steps (unless the learning-rate schedule spans it: a cosine schedule "
                              "or a warm-up)", "ckpt.*", "logger.*", "populora.report", "populora.sandbox.workers")

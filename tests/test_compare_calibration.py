@@ -37,7 +37,7 @@ def false_holds(kind: str, n: int, draws: int = DRAWS, seed: int = 2026) -> dict
 
 
 def test_the_bound_is_the_binomial_tail_at_the_goal():
-    assert BOUND == 7  # P(Binomial(40, 0.05) > 7) = 6e-4; P(> 6) = 3e-3
+    assert BOUND == 7  # P(Binomial(40, 0.05) > 7) = 7.1e-4; P(> 6) = 3.4e-3
     assert binom.sf(BOUND, DRAWS, GOAL) <= 1e-3 < binom.sf(BOUND - 1, DRAWS, GOAL)
 
 
