@@ -8,6 +8,13 @@
 #
 # Seed 1 of each arm (evaluating every seed's members costs about 35 machine-minutes a model here).
 #
+# The local engine (transformers + peft, bf16), not vLLM's CPU build: on the first 32 HumanEval problems with the
+# base model, both beside two training runs on the 2 cores, vLLM took 926 s to generate and local 970 s (the same
+# 28 passes; 31 of 32 completions identical), and at 64 problems in one batch vLLM had not finished after 1,800 s
+# (local: ~1,940 s by the 32's rate); vLLM also spends ~6 minutes warming up each engine here. Its continuous
+# batching saves the local engine's padding (a batch runs to its longest completion: 396 tokens against a mean of
+# 160 in those 32) but not on this CPU.
+#
 # B2 is stock OpenRLHF (launch/stock_b2_cpu.sh: unmodified train_ppo_ray, a full fine-tune) on the tasks the
 # baseline trained on (its buffers), for as many samples as the baseline trained on: 40 steps x (8 proposals + 16
 # answers) = 960, i.e. 120 steps of 4 prompts x 2 samples. It peaked at 20.6 GB: run it alone. Its learning rate
