@@ -33,6 +33,7 @@ def proposal(program: str, inputs: str = "1", tags: bool = True) -> str:
     body = f"```python\n{program}\n```\n```input\n{inputs}\n```"
     return f"<think>plan</think>\n<answer>\n{body}\n</answer>" if tags else body
 
+
 class FixedSandbox:
     """A stand-in for the sandbox that answers every job with one given result object, and records the jobs."""
 
