@@ -84,6 +84,21 @@ def test_truncate_after_for_resume(tmp_path):
     assert not run.warnings
 
 
+def test_truncate_after_forgets_one_kind_of_event_at_the_resumed_step(tmp_path):
+    """A catch-up resume drops the evolution events an interrupted try logged at the checkpoint's step, and only
+    those. Catches: a filter that ignores the kind (the step-3 note goes too), ignores the step (step 2's
+    evolution goes too), or is not applied (step 3's evolution stays)."""
+    with Tracker(tmp_path) as tracker:
+        for step in range(1, 5):
+            tracker.log_event(step, {"kind": "evolution", "child": f"c{step}"})
+            tracker.log_event(step, {"kind": "note"})
+    with Tracker(tmp_path) as tracker:
+        dropped = tracker.truncate_after(3, forget_events="evolution")
+    assert dropped[keys.EVENTS_FILE] == 3  # step 4's two events and step 3's evolution
+    assert [(e["step"], e["kind"]) for e in load_run(tmp_path).events] == [
+        (1, "evolution"), (1, "note"), (2, "evolution"), (2, "note"), (3, "note")]
+
+
 def test_tensorboard_scalars(tmp_path):
     from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
 

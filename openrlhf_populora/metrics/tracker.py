@@ -247,19 +247,16 @@ class Tracker:
             raise TypeError(f"event must be a mapping, got {type(event).__name__}")
         self._events.write({**_jsonable(event), STEP: step, TIME: time.time()})
 
-    def truncate_after(self, step: int) -> dict[str, int]:
-        """Forget records after ``step`` (resuming from a checkpoint at ``step``); returns lines dropped."""
+    def truncate_after(self, step: int, forget_events: str | None = None) -> dict[str, int]:
+        """Forget records after ``step`` (resuming from a checkpoint at ``step``) and, with ``forget_events``, the
+        events of that kind logged at ``step`` too (the checkpoint does not hold the work they record); rewrites
+        each file once and returns the lines dropped per file."""
         self._check_open()
         step = _check_step(step)
-        return {path.path.name: path.truncate_after(step)
-                for path in (self._metrics, self._problems, self._events)}
-
-    def forget_events(self, step: int, kind: str) -> int:
-        """Forget the events of ``kind`` logged at ``step``, and every record after ``step`` (resuming from a
-        checkpoint at ``step`` that does not hold the work those events record); returns how many were dropped."""
-        self._check_open()
-        step = _check_step(step)
-        return self._events.truncate_after(step, drop=lambda e: e[STEP] == step and e.get("kind") == kind)
+        drop = None if forget_events is None else (lambda e: e[STEP] == step and e.get("kind") == forget_events)
+        return {self._metrics.path.name: self._metrics.truncate_after(step),
+                self._problems.path.name: self._problems.truncate_after(step),
+                self._events.path.name: self._events.truncate_after(step, drop=drop)}
 
     def close(self) -> None:
         if self.closed:

@@ -250,14 +250,15 @@ def run(config: Config, build_engine: Callable[[Config], Any], sandbox_factory: 
                     if checkpoint is not None:
                         phase = f"resuming from {checkpoint}"
                         loop.load_state(checkpoint)
-                        tracker.truncate_after(loop.step)
+                        # the run was extended past a last step that was due to evolve: it evolves now, and the
+                        # events of an earlier try that stopped before the next checkpoint are dropped (the
+                        # checkpoint has no child)
+                        catch_up = loop.evolution_pending and loop.step < total
+                        tracker.truncate_after(loop.step, forget_events="evolution" if catch_up else None)
                         saved = loop.step
                         log.info("resumed from %s at step %d", checkpoint, loop.step)
-                        if loop.evolution_pending and loop.step < total:
-                            # the run was extended past a last step that was due to evolve: evolve now (events a
-                            # resume stopped before the next checkpoint are dropped, the checkpoint has no child)
+                        if catch_up:
                             phase = f"the evolution of step {loop.step}, which was the run's last"
-                            tracker.forget_events(loop.step, "evolution")
                             for event in loop.evolve_pending():
                                 tracker.log_event(loop.step, {"kind": "evolution", **event})
                     else:
