@@ -112,6 +112,33 @@ def test_a_sample_is_the_whole_benchmark_of_its_table_and_the_table_says_so(tmp_
     assert "MBPP: a fixed sample of 3 of its 500 problems" in printed and "Incomplete" not in printed
 
 
+def test_regrade_grades_stored_completions_again_under_the_new_grader(tmp_path, model_dir, capsys):
+    # samples stored by the old grader (a settings.json without code_sanitizer, programs run whole): s0's
+    # HumanEval/0 is correct but followed by a wrong assert the model wrote, so it was stored failed. Without
+    # --regrade the store is refused (and says how to fix it); with it, the stored completion is graded again
+    # (nothing generated: --report-only), passes, and the table says so. Catches: the refusal missing (the old
+    # verdict reported under the new grader), --regrade not grading again, or grading a different field.
+    run = fake_run(tmp_path / "run", model_dir)
+    old = EvalSettings(code_template="chat", math_template="chat").identity()
+    del old["code_sanitizer"]
+    store = ResultStore(run / "eval", {**old, "base_model": model_dir,
+                                       "members": {m: adapter_digest(run / "adapters" / m) for m in ("s0", "s1")}})
+    right = ("```python\ndef has_close_elements(numbers, threshold):\n    return any(abs(a - b) < threshold"
+             " for i, a in enumerate(numbers) for b in numbers[i + 1:])\n\nassert has_close_elements([1.0], 1.0)\n```")
+    store.append({"member": m, "benchmark": "humaneval", "problem_id": "HumanEval/0", "passed": False,
+                  "status": "error", "detail": "AssertionError: ", "completion": right if m == "s0" else "no code"}
+                 for m in ("s0", "s1"))
+    with pytest.raises(SystemExit) as refused:
+        main(["--run", str(run), "--limit", "1", "--report-only"])
+    assert refused.value.code == 2 and "rerun with --regrade" in capsys.readouterr().err
+    assert main(["--run", str(run), "--limit", "1", "--report-only", "--regrade"]) == 0
+    assert "regraded 2 stored samples: 1 changed verdict" in capsys.readouterr().out
+    results = json.loads((run / "eval" / "results.json").read_text())
+    assert results["members"]["s0"]["scores"] == {"humaneval": 100.0}
+    assert results["members"]["s1"]["scores"] == {"humaneval": 0.0}
+    assert main(["--run", str(run), "--limit", "1", "--report-only"]) == 0  # the store is consistent again
+
+
 def test_bad_flags_exit_2(tmp_path, model_dir, capsys):
     run = fake_run(tmp_path / "run", model_dir)
     for argv, message in (

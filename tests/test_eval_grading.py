@@ -79,7 +79,7 @@ def test_candidate_cannot_see_or_break_the_reference(sandbox):
     mbpp = load_benchmark("mbpp_plus", DATA)
     # the candidate redefines the name the reference uses in its own namespace only
     shadow = "import math\nmath.sqrt = lambda x: 0\ndef is_not_prime(n):\n    return n != 2 and n != 37 and n != 7919\n"
-    assert passed(mbpp[1:2], [shadow], sandbox) == [False]
+    assert passed(mbpp[1:2], [shadow], sandbox, sanitizer="none") == [False]  # the sanitizer would drop the patch
 
 
 # ------------------------------------------------------------------------------------ LiveCodeBench

@@ -31,8 +31,8 @@ def azr_answer(code: str) -> str:
     return f"I will complete the function.</think>\n<answer>\n```python\n{code}\n```\n</answer>"
 
 
-def score(problems, completions, sandbox, template: str = "azr") -> float:
-    grades = grade(problems, completions, sandbox, EvalSettings(code_template=template))
+def score(problems, completions, sandbox, template: str = "azr", sanitizer: str = "definitions") -> float:
+    grades = grade(problems, completions, sandbox, EvalSettings(code_template=template, code_sanitizer=sanitizer))
     records = [{"member": "m", "benchmark": "humaneval", "problem_id": p.problem_id, "passed": g["passed"]}
                for p, g in zip(problems, grades, strict=True)]
     return member_scores(records, "m", ["humaneval"])["scores"]["humaneval"]
@@ -53,7 +53,10 @@ def test_canonical_bodies_score_100_in_completion_mode(problems, canonical, sand
     # that the stop sequences cut off
     completions = [canonical[p.problem_id] + "\n\ndef unrelated(:\n" for p in problems]
     assert score(problems, completions, sandbox, template="completion") == 100.0
-    assert score(problems, completions, sandbox, template="azr") == 0.0  # without the cut: a SyntaxError
+    # without the cut the program ends in a SyntaxError: run whole it fails; the sanitizer keeps the longest
+    # part that parses (as EvalPlus's does), which is the function
+    assert score(problems, completions, sandbox, template="azr", sanitizer="none") == 0.0
+    assert score(problems, completions, sandbox, template="azr") == 100.0
 
 
 def test_empty_completions_score_0(problems, sandbox):

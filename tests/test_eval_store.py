@@ -65,3 +65,31 @@ def test_changed_adapter_refuses_but_new_members_are_added(tmp_path):
         ResultStore(tmp_path, {**SETTINGS, "members": {"s0": "bbb"}})
     store = ResultStore(tmp_path, {**SETTINGS, "members": {"s1": "ccc"}})
     assert store.settings["members"] == {"s0": "aaa", "s1": "ccc"}
+
+
+def test_a_store_graded_before_the_sanitizer_is_refused_with_the_regrade_hint(tmp_path):
+    # settings.json written before code_sanitizer existed: its samples were graded whole ("none"). Catches: an
+    # absent key accepted silently (samples of two graders mixed in one table); no pointer to --regrade.
+    ResultStore(tmp_path, SETTINGS)
+    with pytest.raises(ValueError, match="'code_sanitizer' was 'none' .* now 'definitions'.*rerun with --regrade"):
+        ResultStore(tmp_path, {**SETTINGS, "code_sanitizer": "definitions"})
+    # a generation setting is never regradable
+    with pytest.raises(ValueError, match="'max_new_tokens' was 64") as refused:
+        ResultStore(tmp_path, {**SETTINGS, "max_new_tokens": 128}, regrade=True)
+    assert "--regrade" not in str(refused.value)
+
+
+def test_regrade_records_the_new_settings_only_with_the_new_grades(tmp_path):
+    # Catches: settings.json updated before the samples carry the new grades (an interruption in between would
+    # label old grades as new), grades not written to disk, fields other than the grade changed.
+    store = ResultStore(tmp_path, SETTINGS)
+    store.append([sample("s0", "HumanEval/0", False), sample("s0", "HumanEval/1", False)])
+    before = store.settings_path.read_text()
+    new = {**SETTINGS, "code_sanitizer": "definitions"}
+    regrading = ResultStore(tmp_path, new, regrade=True)
+    assert store.settings_path.read_text() == before
+    regrading.replace_grades({("s0", "humaneval", "HumanEval/1"): {"passed": True, "status": "ok", "detail": ""}})
+    again = ResultStore(tmp_path, new)  # no refusal now
+    assert json.loads(again.settings_path.read_text())["code_sanitizer"] == "definitions"
+    assert {r["problem_id"]: (r["passed"], r["completion"]) for r in again.records()} == {
+        "HumanEval/0": (False, "x"), "HumanEval/1": (True, "x")}

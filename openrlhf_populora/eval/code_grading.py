@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from openrlhf_populora.eval.problems import Problem
+from openrlhf_populora.eval.sanitize import names_used, sanitize
 
 PASS_EXPR = "'passed'"
 PASS_VALUE = repr("passed")
@@ -226,21 +227,43 @@ def _import_lines(source: str) -> str:
     return "".join(line + "\n" for line in source.splitlines() if re.match(r"(import|from)\s+\w", line))
 
 
-def candidate_program(problem: Problem, code: str) -> str:
+SANITIZERS = ("definitions", "none")
+
+
+def _test_names(problem: Problem) -> set[str]:
+    """The names a function-level problem's own test code uses (roots of the sanitizer beside the entry point)."""
+    tests = problem.tests
+    if tests.get("kind") == "check":
+        return names_used(tests["test"])
+    if tests.get("kind") == "asserts":
+        return names_used("\n".join([tests.get("setup", ""), *tests["asserts"]]))
+    return set()
+
+
+def candidate_program(problem: Problem, code: str, sanitizer: str = "definitions") -> str:
     """The candidate's program: the extracted code, preceded by the stub's imports; when the code does not
-    define the entry point but the problem has a function stub, the code is read as that stub's body."""
+    define the entry point but the problem has a function stub, the code is read as that stub's body. A
+    function-level problem's program (HumanEval, MBPP and their EvalPlus versions) is then reduced to its imports
+    and the definitions its entry point and tests use (``eval.sanitize``; ``sanitizer="none"`` runs it whole);
+    LiveCodeBench's scripts and ``class Solution`` are never sanitized."""
     entry = problem.entry_point
     if problem.tests.get("kind") in ("stdin", "functional"):
         return code
     if entry and problem.starter_code and not re.search(rf"def\s+{re.escape(entry)}\s*\(", code):
-        return problem.starter_code + code
-    return _import_lines(problem.starter_code) + code
+        program = problem.starter_code + code
+    else:
+        program = _import_lines(problem.starter_code) + code
+    if sanitizer not in SANITIZERS:
+        raise ValueError(f"unknown code sanitizer {sanitizer!r} (one of {', '.join(SANITIZERS)})")
+    if not entry or sanitizer == "none":
+        return program
+    return sanitize(program, {entry, *_test_names(problem)})
 
 
-def harness(problem: Problem, code: str, per_test_timeout_s: float) -> str:
+def harness(problem: Problem, code: str, per_test_timeout_s: float, sanitizer: str = "definitions") -> str:
     """The full program that tests ``code`` on ``problem`` inside one sandbox job (ends quietly on a pass)."""
     tests = problem.tests
-    program = candidate_program(problem, code)
+    program = candidate_program(problem, code, sanitizer)
     timer = _TIMER.format(limit=float(per_test_timeout_s))
     kind = tests["kind"]
     if kind == "check":
@@ -260,9 +283,11 @@ def harness(problem: Problem, code: str, per_test_timeout_s: float) -> str:
 
 
 def grade_code(
-    problems: Sequence[Problem], codes: Sequence[str], sandbox: Any, per_test_timeout_s: float = 6.0
+    problems: Sequence[Problem], codes: Sequence[str], sandbox: Any, per_test_timeout_s: float = 6.0,
+    sanitizer: str = "definitions",
 ) -> list[CodeGrade]:
-    """Run every (problem, code) pair's tests in ``sandbox`` (a started ``Sandbox``) and grade it."""
+    """Run every (problem, code) pair's tests in ``sandbox`` (a started ``Sandbox``) and grade it (``sanitizer``:
+    see ``candidate_program``)."""
     if len(problems) != len(codes):
         raise ValueError(f"{len(problems)} problems but {len(codes)} completions")
     grades: list[CodeGrade | None] = [None] * len(problems)
@@ -271,7 +296,7 @@ def grade_code(
         if not code.strip():
             grades[i] = CodeGrade(False, "no_code", "no code found in the completion")
             continue
-        jobs.append((harness(problem, code, per_test_timeout_s), PASS_EXPR))
+        jobs.append((harness(problem, code, per_test_timeout_s, sanitizer), PASS_EXPR))
         where.append(i)
     for i, result in zip(where, sandbox.run(jobs) if jobs else [], strict=True):
         passed = result.status == "ok" and result.value == PASS_VALUE

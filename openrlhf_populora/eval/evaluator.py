@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from openrlhf_populora.eval.code_grading import grade_code
+from openrlhf_populora.eval.code_grading import SANITIZERS, grade_code
 from openrlhf_populora.eval.extract import extract_code
 from openrlhf_populora.eval.math_grading import answers_match
 from openrlhf_populora.eval.problems import CODE, Problem
@@ -32,6 +32,9 @@ class EvalSettings:
     math_template: str = DEFAULT_TEMPLATES["math"]
     max_new_tokens: int = 1024
     per_test_timeout_s: float = 6.0
+    # how a function-level program is cleaned before its tests run (``eval.sanitize``); stores graded before
+    # there was a sanitizer read as "none" (``store.IMPLIED_BY_ABSENCE``)
+    code_sanitizer: str = "definitions"
     # execution resources: not part of a sample's identity
     batch_size: int = 32
     sandbox_timeout_s: float = 60.0
@@ -42,6 +45,8 @@ class EvalSettings:
         for name in ("code_template", "math_template"):
             if getattr(self, name) not in TEMPLATES:
                 raise ValueError(f"{name} must be one of {', '.join(TEMPLATES)}, got {getattr(self, name)!r}")
+        if self.code_sanitizer not in SANITIZERS:
+            raise ValueError(f"code_sanitizer must be one of {', '.join(SANITIZERS)}, got {self.code_sanitizer!r}")
         if self.max_new_tokens < 1 or self.batch_size < 1 or self.sandbox_workers < 1:
             raise ValueError("max_new_tokens, batch_size and sandbox_workers must be >= 1")
         if self.per_test_timeout_s <= 0 or self.sandbox_timeout_s <= 0:
@@ -49,7 +54,7 @@ class EvalSettings:
 
     def identity(self) -> dict[str, Any]:
         """The settings a stored sample depends on."""
-        keep = ("code_template", "math_template", "max_new_tokens", "per_test_timeout_s")
+        keep = ("code_template", "math_template", "max_new_tokens", "per_test_timeout_s", "code_sanitizer")
         return {k: v for k, v in asdict(self).items() if k in keep}
 
 
@@ -62,7 +67,8 @@ def grade(problems: Sequence[Problem], completions: Sequence[str], sandbox: Any,
             raise ValueError("code problems need a sandbox")
         completion_mode = settings.code_template == "completion"
         codes = [extract_code(completions[i], completion_mode and bool(problems[i].starter_code)) for i in code_idx]
-        grades = grade_code([problems[i] for i in code_idx], codes, sandbox, settings.per_test_timeout_s)
+        grades = grade_code([problems[i] for i in code_idx], codes, sandbox, settings.per_test_timeout_s,
+                            settings.code_sanitizer)
         for i, g in zip(code_idx, grades, strict=True):
             out[i] = {"passed": g.passed, "status": g.status, "detail": g.detail}
     for i, problem in enumerate(problems):
@@ -126,3 +132,36 @@ def run_evaluation(
         if sandbox_cm is not None:
             sandbox_cm.__exit__(None, None, None)
     return added
+
+
+def regrade_samples(store: ResultStore, problems: Mapping[str, Sequence[Problem]], settings: EvalSettings,
+                    log: Callable[[str], None] = print) -> int:
+    """Grade every stored sample again from its stored completion under ``settings`` (``--regrade``: the grader
+    changed, the completions did not) and hand the grades to ``store.replace_grades``; ``problems`` maps each
+    benchmark the store holds to its problems. Returns how many verdicts changed."""
+    records = store.records()
+    by_id = {bench: {p.problem_id: p for p in plist} for bench, plist in problems.items()}
+    others = sorted({str(r["benchmark"]) for r in records} - set(by_id))
+    if others:
+        raise ValueError(f"--regrade: {store.samples_path} also holds samples of {', '.join(others)}; name them in "
+                         "--benchmarks too, so that no sample keeps the old grader")
+    unknown = [r for r in records if str(r["problem_id"]) not in by_id[str(r["benchmark"])]]
+    if unknown:
+        raise ValueError(f"--regrade: stored problem {unknown[0]['problem_id']!r} is not in the loaded "
+                         f"{unknown[0]['benchmark']} (a different copy of the benchmark?)")
+    if not records:
+        store.replace_grades({})
+        return 0
+    chosen = [by_id[str(r["benchmark"])][str(r["problem_id"])] for r in records]
+    sandbox_cm = _open_sandbox(settings) if any(p.kind == CODE for p in chosen) else None
+    sandbox = sandbox_cm.__enter__() if sandbox_cm is not None else None
+    try:
+        grades = grade(chosen, [str(r.get("completion", "")) for r in records], sandbox, settings)
+    finally:
+        if sandbox_cm is not None:
+            sandbox_cm.__exit__(None, None, None)
+    changed = sum(bool(r["passed"]) != bool(g["passed"]) for r, g in zip(records, grades, strict=True))
+    store.replace_grades({store.key(r): g for r, g in zip(records, grades, strict=True)})
+    log(f"[eval] regraded {len(records)} stored samples: {changed} changed verdict")
+    return changed
+

@@ -25,16 +25,24 @@ from typing import Any
 
 Key = tuple[str, str, str]  # (member, benchmark, problem_id)
 SAMPLE_FIELDS = ("member", "benchmark", "problem_id", "passed")
+# settings that change how a stored completion is graded, not what was generated: ``--regrade`` may change them
+GRADING_KEYS = ("per_test_timeout_s", "code_sanitizer")
+GRADE_FIELDS = ("passed", "status", "detail")
+# settings added after stores were first written: what a settings.json without the key was written under
+IMPLIED_BY_ABSENCE = {"code_sanitizer": "none"}
 
 
 class ResultStore:
     """Graded samples on disk under ``directory`` (created when missing)."""
 
-    def __init__(self, directory: str | Path, settings: dict[str, Any]) -> None:
+    def __init__(self, directory: str | Path, settings: dict[str, Any], regrade: bool = False) -> None:
+        """``regrade``: the grading settings (``GRADING_KEYS``) may differ from the stored ones; the caller grades
+        the stored samples again and hands the grades to ``replace_grades``, which records the new settings."""
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.samples_path = self.directory / "samples.jsonl"
         self.settings_path = self.directory / "settings.json"
+        self.regrade = regrade
         self.settings = self._reconcile_settings(settings)
         self._records: dict[Key, dict[str, Any]] = {}
         self._load()
@@ -48,11 +56,13 @@ class ResultStore:
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{self.settings_path} is not valid JSON ({exc.msg}). {fix}") from None
             for key, value in settings.items():
-                if key != "members" and key in old and old[key] != value:
-                    raise ValueError(
-                        f"{self.settings_path}: setting {key!r} was {old[key]!r} for the samples already stored, "
-                        f"now {value!r}. {fix}"
-                    )
+                stored = old.get(key, IMPLIED_BY_ABSENCE.get(key, value))
+                if key == "members" or stored == value or (self.regrade and key in GRADING_KEYS):
+                    continue
+                hint = (" Or, since only how the stored completions are graded changed, rerun with --regrade "
+                        "to grade them again." if key in GRADING_KEYS else "")
+                raise ValueError(f"{self.settings_path}: setting {key!r} was {stored!r} for the samples already "
+                                 f"stored, now {value!r}. {fix}{hint}")
             members = dict(old.get("members", {}))
             for name, digest in settings.get("members", {}).items():
                 if name in members and members[name] != digest:
@@ -66,8 +76,12 @@ class ResultStore:
             merged = {**old, **settings, "members": members}
         else:
             merged = dict(settings)
-        self.settings_path.write_text(json.dumps(merged, indent=2, sort_keys=True))
+        if not self.regrade:  # a regrade records the new grading settings once the samples carry their grades
+            self._write_settings(merged)
         return merged
+
+    def _write_settings(self, settings: dict[str, Any]) -> None:
+        self.settings_path.write_text(json.dumps(settings, indent=2, sort_keys=True))
 
     # samples -----------------------------------------------------------------------------------------
     def _load(self) -> None:
@@ -115,6 +129,27 @@ class ResultStore:
             handle.write("".join(lines))
             handle.flush()
             os.fsync(handle.fileno())
+
+    def replace_grades(self, grades: dict[Key, dict[str, Any]]) -> None:
+        """(A store opened with ``regrade``) give the stored samples ``grades`` (``GRADE_FIELDS`` per key), rewrite
+        ``samples.jsonl`` whole (a new file, fsynced, then renamed over the old one) and then record the new
+        settings. Interrupted before the rename, the old file stands; between the rename and the settings, the
+        next invocation is refused and ``--regrade`` grades the samples again: no state mixes two graders."""
+        if not self.regrade:
+            raise RuntimeError("replace_grades needs a store opened with regrade=True")
+        unknown = [key for key in grades if key not in self._records]
+        if unknown:
+            raise KeyError(f"no stored sample {unknown[0]} in {self.samples_path}")
+        for key, grade in grades.items():
+            self._records[key] = {**self._records[key], **{f: grade[f] for f in GRADE_FIELDS}}
+        tmp = self.samples_path.with_suffix(".jsonl.tmp")
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in self._records.values()))
+            handle.flush()
+            os.fsync(handle.fileno())
+        tmp.replace(self.samples_path)
+        self._write_settings(self.settings)
+        self.regrade = False
 
     def records(self) -> list[dict[str, Any]]:
         return list(self._records.values())
