@@ -295,3 +295,22 @@ def test_a_run_extended_past_its_last_step_makes_that_steps_evolution(straight, 
             k.split("/")[2]} & changed} == set()
     assert {k for k in differing if k.split("/")[0] not in ("member", "rating")} <= {"learning/update_size",
                                                                                      "learning/probe_kl"}
+
+
+def test_run_meta_records_each_start_and_resume_with_its_code_and_machine(tmp_path):
+    # a 1-step run extended to 2 steps: two sessions, from step 0 (new) and from step 1 (resumed), each naming
+    # the commit, the packages and the CPU. Catches: no record (a run stitched from several commits or machines
+    # looks like one), a resume that overwrites the first record instead of adding one, the wrong step.
+    import subprocess
+
+    run_dir = tmp_path / "run"
+    assert run(_config(run_dir, total_steps=1), loop_tests._build, progress=False) == 0
+    assert run(_resumed(_config(run_dir, total_steps=2)), loop_tests._build, progress=False) == 0
+    sessions = json.loads((run_dir / "run_meta.json").read_text())["sessions"]
+    assert [(s["from_step"], s["resumed"]) for s in sessions] == [(0, False), (1, True)]
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
+    for session in sessions:
+        if head.returncode == 0:  # a git checkout (CI's clone is one)
+            assert session["commit"] == head.stdout.strip() and isinstance(session["dirty"], bool)
+        assert session["packages"]["torch"] == torch.__version__
+        assert session["cpu"] and session["torch_threads"] == torch.get_num_threads()

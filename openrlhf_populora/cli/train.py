@@ -5,7 +5,7 @@ Flags follow OpenRLHF 0.11.2's dotted names (``--actor.adam.lr``, ``--ds.lora.ra
 Everything a run produces lands in ``--ckpt.output_dir`` (the run directory):
 
     config.yaml         the resolved configuration
-    run_meta.json       the run's label and mode
+    run_meta.json       the run's label and mode, and each start or resume's commit, packages and CPU
     metrics.jsonl       one JSON object per step (the tracker's schema, metrics/keys.py)
     problems.jsonl      every proposal and answer with its verdict, per step
     population.json     members, lineage and ratings

@@ -8,7 +8,9 @@ A run directory written by ``Tracker`` holds:
 - ``events.jsonl``    one object per event: ``{"step", "time", "kind", ...}``; ``kind`` is ``"evolution"``
                       (see ``EVOLUTION_FIELDS``), ``"seeding"`` or anything else the loop wants to keep.
 - ``problems.jsonl``  the per-step problem archive: one object per proposal with ``PROBLEM_FIELDS``.
-- ``run_meta.json``   ``{"schema": SCHEMA_VERSION, "label": ..., "mode": ...}`` (optional for the report).
+- ``run_meta.json``   ``{"schema": SCHEMA_VERSION, "label": ..., "mode": ..., "sessions": [...]}`` (optional for the
+                      report); ``sessions``: one record per start or resume, the step it started from, the git
+                      commit, package versions and CPU (``metrics.provenance``).
 
 Key families (``<tt>`` is a task type such as ``code_o``; ``all`` aggregates over task types):
 

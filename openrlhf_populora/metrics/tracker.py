@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -201,6 +202,16 @@ class Tracker:
         current["schema"] = SCHEMA_VERSION
         current.setdefault("created", time.time())
         path.write_text(json.dumps(current, indent=1))
+
+    def add_session(self, record: Mapping[str, Any]) -> None:
+        """Append ``record`` (``metrics.provenance``: code, packages, machine, the step it starts from) to
+        ``run_meta.json``'s ``sessions``: one per start or resume, never truncated by a resume."""
+        path = self.run_dir / META_FILE
+        current = json.loads(path.read_text())
+        current.setdefault("sessions", []).append({**_jsonable(dict(record)), TIME: time.time()})
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(current, indent=1))
+        os.replace(tmp, path)
 
     def _check_open(self) -> None:
         if self.closed:

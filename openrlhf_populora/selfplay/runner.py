@@ -42,6 +42,7 @@ from openrlhf_populora.config import (
     resume_conflicts,
 )
 from openrlhf_populora.metrics import Tracker, progress_postfix
+from openrlhf_populora.metrics.provenance import provenance
 from openrlhf_populora.selfplay.checkpoint import latest_checkpoint, save_checkpoint
 from openrlhf_populora.selfplay.loop import SelfPlay
 from openrlhf_populora.selfplay.summary import problem_records, step_metrics
@@ -272,6 +273,7 @@ def run(config: Config, build_engine: Callable[[Config], Any], sandbox_factory: 
                                               "seconds": time.perf_counter() - tic})
                         phase = "checkpointing the seeded state"
                         checkpoint_now()  # what a failure before the first periodic checkpoint goes back to
+                    tracker.add_session(provenance(from_step=loop.step, resumed=checkpoint is not None))
                     bar = tqdm(total=total, initial=loop.step, disable=not progress, desc="self-play", unit="step",
                                dynamic_ncols=True)
                     loop.on_phase = on_phase

@@ -1,0 +1,69 @@
+"""What a run (or each resumed part of it) ran with: the code, the packages, the machine.
+
+A run resumes across sessions and machines, and its numbers depend on all three: a commit that changes a prompt
+changes every sample after it, and two CPUs can round the same matmul differently, so a seeded run repeated on
+another machine samples other tokens within a few steps. ``run_meta.json`` therefore keeps one record per start
+or resume (``sessions``, see ``Tracker.add_session``), and a reader can tell a run made by one commit on one
+machine from one stitched together.
+"""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+PACKAGES = ("torch", "transformers", "peft", "openrlhf_populora")
+
+
+def _git(*args: str) -> str | None:
+    root = Path(__file__).resolve().parents[2]
+    try:
+        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def code_version() -> dict[str, Any]:
+    """The project's git commit and whether tracked files differ from it (``dirty``), when it runs from a git
+    checkout; otherwise just its installed version (``packages``)."""
+    commit = _git("rev-parse", "HEAD")
+    if commit is None:
+        return {"commit": None}
+    changes = _git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "dirty": bool(changes) if changes is not None else None}
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), or what ``platform`` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def provenance(**extra: Any) -> dict[str, Any]:
+    """One record of the code, packages and machine this process runs on, with ``extra`` (e.g. the step)."""
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    record: dict[str, Any] = {**extra, **code_version(), "python": sys.version.split()[0], "packages": versions,
+                              "cpu": cpu_model(), "platform": platform.platform()}
+    try:
+        import torch
+
+        record["torch_threads"] = torch.get_num_threads()
+        record["cuda"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except ImportError:
+        pass
+    return record
