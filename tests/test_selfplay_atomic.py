@@ -314,3 +314,4 @@ def test_run_meta_records_each_start_and_resume_with_its_code_and_machine(tmp_pa
             assert session["commit"] == head.stdout.strip() and isinstance(session["dirty"], bool)
         assert session["packages"]["torch"] == torch.__version__
         assert session["cpu"] and session["torch_threads"] == torch.get_num_threads()
+        assert session["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()

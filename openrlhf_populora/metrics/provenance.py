@@ -38,15 +38,25 @@ def code_version() -> dict[str, Any]:
     return {"commit": commit, "dirty": bool(changes) if changes is not None else None}
 
 
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), or what ``platform`` knows."""
+# instruction sets that decide which kernels (and so which rounding) torch uses for bf16 and fp32 matmuls
+ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16")
+
+
+def cpu_model() -> tuple[str, list[str]]:
+    """The CPU's model name and which of ``ISA_FLAGS`` it has (``/proc/cpuinfo``; a virtual machine often names
+    only a family, "Intel(R) Xeon(R) Processor", so the flags say more), or what ``platform`` knows."""
+    name, flags = platform.processor() or platform.machine(), []
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+                name = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                have = set(line.split(":", 1)[1].split())
+                flags = [f for f in ISA_FLAGS if f in have]
+                break
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return name, flags
 
 
 def provenance(**extra: Any) -> dict[str, Any]:
@@ -57,11 +67,13 @@ def provenance(**extra: Any) -> dict[str, Any]:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = None
+    cpu, flags = cpu_model()
     record: dict[str, Any] = {**extra, **code_version(), "python": sys.version.split()[0], "packages": versions,
-                              "cpu": cpu_model(), "platform": platform.platform()}
+                              "cpu": cpu, "cpu_flags": flags, "platform": platform.platform()}
     try:
         import torch
 
+        record["torch_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
         record["torch_threads"] = torch.get_num_threads()
         record["cuda"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     except ImportError:
