@@ -33,9 +33,10 @@ declare -A SETS=(
   [population]="openrlhf_populora/population/* | tests/test_population_members.py tests/test_population_ratings.py tests/test_population_matchmaking.py tests/test_population_selection.py tests/test_population_rules.py tests/test_evolution_operators.py"
   [evolution]="openrlhf_populora/evolution/* | tests/test_evolution_operators.py tests/test_evolution_lowrank.py"
   [loop]="openrlhf_populora/selfplay/loop.py | tests/test_selfplay_rules.py tests/test_selfplay_rewards.py"
+  [grading]="openrlhf_populora/eval/sanitize.py openrlhf_populora/eval/store.py | tests/test_eval_sanitize.py tests/test_eval_store.py"
   [tasks]="openrlhf_populora/tasks/* | tests/test_tasks_parsing.py tests/test_tasks_checks.py tests/test_tasks_verify.py tests/test_tasks_buffers.py tests/test_tasks_records_prompts.py tests/test_tasks_seed_verify.py tests/test_tasks_values.py tests/test_tasks_programs.py"
 )
-ORDER=(rewards advantages population evolution loop tasks)
+ORDER=(rewards advantages population evolution loop tasks grading)
 [ "$#" -gt 0 ] && ORDER=("$@")
 
 export OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false

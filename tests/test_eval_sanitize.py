@@ -103,3 +103,20 @@ def test_a_correct_function_with_a_wrong_self_test_passes_only_when_sanitized(sa
               for s in ("definitions", "none")}
     assert graded["definitions"]["passed"] is True
     assert graded["none"]["passed"] is False and graded["none"]["detail"].startswith("AssertionError")
+
+
+def test_span_search_edge_cases():
+    # Catches (mutants mutmut left alive): a non-empty default when nothing parses; a minimum size above 0 (a
+    # one-line span never found); a search stepping over every other end line; a later span replacing an
+    # earlier one of the same size.
+    assert longest_parsable_span("def f(:\n") == ""
+    assert longest_parsable_span("x = (\ny = 1") == "y = 1"
+    assert longest_parsable_span("def f(x):\n    return x\nprint(f(") == "def f(x):\n    return x"
+    assert longest_parsable_span("a = 1\n)\nb = 2") == "a = 1"
+
+
+def test_an_annotated_constant_is_a_definition_and_only_its_statement_is_kept():
+    # Catches: annotated assignments not read as definitions (LIMIT dropped: a NameError at run time); a
+    # statement's text taken from the start of its line rather than its column (the print before the ';' kept).
+    program = "print(1); LIMIT: int = 2\ndef f():\n    return LIMIT\n"
+    assert sanitize(program, {"f"}) == "LIMIT: int = 2\ndef f():\n    return LIMIT\n"

@@ -93,3 +93,15 @@ def test_regrade_records_the_new_settings_only_with_the_new_grades(tmp_path):
     assert json.loads(again.settings_path.read_text())["code_sanitizer"] == "definitions"
     assert {r["problem_id"]: (r["passed"], r["completion"]) for r in again.records()} == {
         "HumanEval/0": (False, "x"), "HumanEval/1": (True, "x")}
+
+
+def test_a_setting_first_given_later_is_added_and_a_changed_full_model_is_named_as_such(tmp_path):
+    # full models evaluated alone store no base_model; a later invocation with the run's members adds it. A full
+    # model's digest ("model:...") that changes is reported as a model, not as adapter weights. Catches: an
+    # absent setting read as a conflict (no base model could ever be added), the wrong noun in the refusal.
+    alone = {k: v for k, v in SETTINGS.items() if k != "base_model"} | {"members": {"b2": "model:aaa"}}
+    ResultStore(tmp_path, alone)
+    store = ResultStore(tmp_path, SETTINGS)
+    assert store.settings["base_model"] == "/m" and store.settings["members"] == {"b2": "model:aaa", "s0": "aaa"}
+    with pytest.raises(ValueError, match=r"the model \(weights, config or tokenizer\) of member 'b2' changed"):
+        ResultStore(tmp_path, {**SETTINGS, "members": {"b2": "model:bbb"}})
