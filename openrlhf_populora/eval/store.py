@@ -9,7 +9,9 @@ skips every key already present: an interrupted evaluation continues where it st
 ``settings.json`` records what the samples depend on (prompt templates, generation length, base model, and a
 SHA-256 of every member's adapter weights; for a full model evaluated on its own, ``--model``, one of its
 weights, config and tokenizer files, prefixed ``model:``). Reopening with different settings, or with a member
-whose adapter or model changed, raises instead of mixing incomparable samples. Members are merged: a later
+whose adapter or model changed, raises instead of mixing incomparable samples, except that a store opened with
+``regrade`` accepts new grading settings (``GRADING_KEYS``: the test time limit, the code sanitizer) and takes new
+grades for every stored sample (``replace_grades``; ``cli.evaluate --regrade``). Members are merged: a later
 invocation into the same directory may add members (a full model beside a run evaluated earlier, say) and
 reuses every stored sample of the members it shares.
 """
