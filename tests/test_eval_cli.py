@@ -139,6 +139,21 @@ def test_regrade_grades_stored_completions_again_under_the_new_grader(tmp_path, 
     assert main(["--run", str(run), "--limit", "1", "--report-only"]) == 0  # the store is consistent again
 
 
+def test_regrade_refuses_samples_without_a_completion(tmp_path, model_dir, capsys):
+    # samples stored without their completion cannot be graded again. Catches: such a sample silently graded
+    # as "no code" (a pass turned into a fail by the regrade itself).
+    run = fake_run(tmp_path / "run", model_dir)
+    settings = EvalSettings(code_template="chat", math_template="chat")
+    store = ResultStore(run / "eval", {**settings.identity(), "base_model": model_dir,
+                                       "members": {m: adapter_digest(run / "adapters" / m) for m in ("s0", "s1")}})
+    store.append([{"member": "s0", "benchmark": "humaneval", "problem_id": "HumanEval/0", "passed": True}])
+    with pytest.raises(SystemExit) as refused:
+        main(["--run", str(run), "--limit", "1", "--report-only", "--regrade"])
+    assert refused.value.code == 2
+    assert "('s0', 'humaneval', 'HumanEval/0') has no completion" in capsys.readouterr().err
+    assert ResultStore(run / "eval", {**settings.identity(), "base_model": model_dir}).records()[0]["passed"]
+
+
 def test_bad_flags_exit_2(tmp_path, model_dir, capsys):
     run = fake_run(tmp_path / "run", model_dir)
     for argv, message in (

@@ -6,7 +6,7 @@ import pytest
 
 from openrlhf_populora.eval.benchmarks import load_benchmark
 from openrlhf_populora.eval.evaluator import EvalSettings, grade
-from openrlhf_populora.eval.sanitize import longest_parsable_span, sanitize
+from openrlhf_populora.eval.sanitize import free_names, longest_parsable_span, sanitize
 
 CHATTY = '''import math
 from typing import List
@@ -59,10 +59,62 @@ def test_every_root_is_kept_and_unknown_roots_are_ignored():
     assert sanitize(program, {"dec"}) == "def dec(s):\n    return s[:-1]\n"
 
 
-def test_the_last_definition_of_a_name_is_the_one_kept():
-    # a draft and then a fix, as Python runs them. Catches: the first kept (evalplus.sanitize 0.3.1 does that).
+def test_every_binding_of_a_reached_name_is_kept_in_order():
+    # a draft and then a fix (Python keeps the last), and a def rebound through a decorator call. Catches: only
+    # the first or only the last binding kept (the lru_cache line alone raises NameError: f is not defined).
     program = "def f():\n    return 1\n\ndef f():\n    return 2\n"
-    assert sanitize(program, {"f"}) == "def f():\n    return 2\n"
+    assert sanitize(program, {"f"}) == "def f():\n    return 1\ndef f():\n    return 2\n"
+    wrapped = ("import functools\ndef f(n):\n    return n if n < 2 else f(n - 1) + f(n - 2)\n"
+               "f = functools.lru_cache(None)(f)\nprint(f(30))\n")
+    assert sanitize(wrapped, {"f"}) == wrapped.replace("print(f(30))\n", "")
+
+
+def test_guarded_blocks_count_only_when_they_only_define():
+    # Catches: a try whose body runs code taken for a definition block (only its handlers checked); nested
+    # blocks not looked into; a name bound only in an except branch missed; an unreached definition that
+    # imports inside its body kept as if it were an import.
+    program = ("try:\n    print('side effect')\nexcept Exception:\n    W = 0\n"
+               "if True:\n    if True:\n        Z = 4\n"
+               "try:\n    LIMIT = int('x')\nexcept ValueError:\n    FALLBACK = 1\n"
+               "def unused():\n    import os\n    return os.sep\n"
+               "def f():\n    return (Z, FALLBACK)\n")
+    assert sanitize(program, {"f", "W"}) == ("if True:\n    if True:\n        Z = 4\n"
+                                             "try:\n    LIMIT = int('x')\nexcept ValueError:\n    FALLBACK = 1\n"
+                                             "def f():\n    return (Z, FALLBACK)\n")
+
+
+def test_tuple_chained_and_guarded_bindings_are_definitions():
+    # Catches: only single-name assignments read as definitions (A, B and X dropped: NameError); a top-level
+    # try that imports dropped (np undefined); one that only defines dropped although reached.
+    program = ("try:\n    import numpy as np\nexcept ImportError:\n    np = None\n"
+               "A, B = 1, 2\nX = Y = 3\nif True:\n    Z = 4\nfor i in range(2):\n    pass\n"
+               "def f():\n    return (np, A + B + X + Z)\n")
+    assert sanitize(program, {"f"}) == ("try:\n    import numpy as np\nexcept ImportError:\n    np = None\n"
+                                        "A, B = 1, 2\nX = Y = 3\nif True:\n    Z = 4\n"
+                                        "def f():\n    return (np, A + B + X + Z)\n")
+
+
+def test_statements_are_copied_exactly_whatever_the_characters_before_them():
+    # ast's column offsets count UTF-8 bytes: a statement after a non-ASCII one on the same line must still be cut
+    # at the right place; a form feed must not shift lines; a decorator written "@ name" or "@(expr)" keeps its
+    # '@'. Catches: slicing by characters, str.splitlines, a '@' assumed one column before the expression.
+    assert sanitize('s = "é"; T = 2\ndef f():\n    return T\n', {"f"}) == "T = 2\ndef f():\n    return T\n"
+    assert sanitize("def g():\n    return 1\n# a\x0cb\ndef f():\n    return g()\n", {"f"}) == (
+        "def g():\n    return 1\ndef f():\n    return g()\n")
+    assert sanitize("import functools\n@ (functools.lru_cache(None))\n@staticmethod\ndef f(x):\n    return x\nf(1)\n",
+                    {"f"}) == "import functools\n@functools.lru_cache(None)\n@staticmethod\ndef f(x):\n    return x\n"
+
+
+def test_the_roots_are_the_free_names_of_the_tests():
+    # HumanEval's checks bind names of their own (loop variables, results): a demo line of the model's that
+    # assigns one of them must not be kept (and run). Catches: every name of the test taken as a root.
+    test = "def check(candidate):\n    for x in [1, 2]:\n        solution = candidate(x)\n        assert solution == encode(x)\n"
+    assert free_names(test) == {"encode"}
+    # nor its imports, its own definitions or builtins
+    assert free_names("import math\nimport os.path\nfrom collections import Counter as C\ndef helper():\n"
+                      "    return 1\nassert candidate(math.pi, os.sep, C(), helper()) == len([1])") == {"candidate"}
+    program = "def encode(x):\n    return x\ndef f(x):\n    return x\nsolution = f(1 / 0)\n"
+    assert sanitize(program, {"f", *free_names(test)}) == "def encode(x):\n    return x\ndef f(x):\n    return x\n"
 
 
 def test_a_function_without_return_is_kept():
@@ -82,9 +134,25 @@ def test_a_completion_cut_off_mid_statement_keeps_its_longest_parsable_lines():
 
 
 def test_a_program_with_nothing_to_keep_is_returned_unchanged():
-    # nothing parses, or the entry point is never defined: it fails as written (its own error message)
+    # nothing parses, or the entry point is never defined (imports or not): it fails as written, with its own
+    # error. Catches: the imports alone returned.
     assert sanitize("def f(:\n", {"f"}) == "def f(:\n"
     assert sanitize("print(1)\n", {"f"}) == "print(1)\n"
+    assert sanitize("import math\nprint(math.pi)\n", {"f"}) == "import math\nprint(math.pi)\n"
+
+
+def test_the_span_search_stops_at_its_budget():
+    # hundreds of unparsable lines (a repetition loop) cost a bounded number of parses. Catches: no budget.
+    calls = []
+    import openrlhf_populora.eval.sanitize as module
+
+    real = module._parses
+    try:
+        module._parses = lambda source: calls.append(1) or real(source)
+        assert longest_parsable_span("x = (\n" * 300, budget=50) == ""
+    finally:
+        module._parses = real
+    assert len(calls) == 51  # the whole program once, then the budget
 
 
 @pytest.fixture(scope="module")

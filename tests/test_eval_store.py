@@ -105,3 +105,33 @@ def test_a_setting_first_given_later_is_added_and_a_changed_full_model_is_named_
     assert store.settings["base_model"] == "/m" and store.settings["members"] == {"b2": "model:aaa", "s0": "aaa"}
     with pytest.raises(ValueError, match=r"the model \(weights, config or tokenizer\) of member 'b2' changed"):
         ResultStore(tmp_path, {**SETTINGS, "members": {"b2": "model:bbb"}})
+
+
+def test_an_interrupted_regrade_is_refused_until_regraded(tmp_path, monkeypatch):
+    # the process dies while samples.jsonl is being replaced: whatever the samples now hold, neither the old nor
+    # the new settings may open the store, only another --regrade. Catches: no mark (a later run under the old
+    # settings would accept samples carrying the new grades, or the reverse).
+    import openrlhf_populora.eval.store as store_module
+
+    store = ResultStore(tmp_path, SETTINGS)
+    store.append([sample("s0", "HumanEval/0", False)])
+    new = {**SETTINGS, "code_sanitizer": "definitions"}
+    real = store_module._replace_durably
+
+    def die_on_samples(path, text):
+        if path.name == "samples.jsonl":
+            raise KeyboardInterrupt
+        real(path, text)
+
+    monkeypatch.setattr(store_module, "_replace_durably", die_on_samples)
+    with pytest.raises(KeyboardInterrupt):
+        ResultStore(tmp_path, new, regrade=True).replace_grades(
+            {("s0", "humaneval", "HumanEval/0"): {"passed": True, "status": "ok", "detail": ""}})
+    monkeypatch.setattr(store_module, "_replace_durably", real)
+    for settings in (SETTINGS, {**SETTINGS, "code_sanitizer": "none"}, new):
+        with pytest.raises(ValueError, match="a --regrade was interrupted"):
+            ResultStore(tmp_path, settings)
+    again = ResultStore(tmp_path, new, regrade=True)
+    again.replace_grades({("s0", "humaneval", "HumanEval/0"): {"passed": True, "status": "ok", "detail": ""}})
+    assert ResultStore(tmp_path, new).records()[0]["passed"] is True
+    assert "regrading" not in json.loads(again.settings_path.read_text())

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from openrlhf_populora.eval.problems import Problem
-from openrlhf_populora.eval.sanitize import names_used, sanitize
+from openrlhf_populora.eval.sanitize import free_names, sanitize
 
 PASS_EXPR = "'passed'"
 PASS_VALUE = repr("passed")
@@ -231,12 +231,13 @@ SANITIZERS = ("definitions", "none")
 
 
 def _test_names(problem: Problem) -> set[str]:
-    """The names a function-level problem's own test code uses (roots of the sanitizer beside the entry point)."""
+    """The names a function-level problem's tests expect the program to define (the sanitizer's roots beside the
+    entry point)."""
     tests = problem.tests
     if tests.get("kind") == "check":
-        return names_used(tests["test"])
+        return free_names(tests["test"])
     if tests.get("kind") == "asserts":
-        return names_used("\n".join([tests.get("setup", ""), *tests["asserts"]]))
+        return free_names("\n".join([tests.get("setup", ""), *tests["asserts"]]))
     return set()
 
 

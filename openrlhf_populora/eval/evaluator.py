@@ -149,14 +149,20 @@ def regrade_samples(store: ResultStore, problems: Mapping[str, Sequence[Problem]
     if unknown:
         raise ValueError(f"--regrade: stored problem {unknown[0]['problem_id']!r} is not in the loaded "
                          f"{unknown[0]['benchmark']} (a different copy of the benchmark?)")
-    if not records:
-        store.replace_grades({})
-        return 0
+    bare = [r for r in records if not isinstance(r.get("completion"), str)]
+    if bare:
+        raise ValueError(f"--regrade: the stored sample {store.key(bare[0])} has no completion to grade again "
+                         f"({len(bare)} such); evaluate into a new --out directory instead")
     chosen = [by_id[str(r["benchmark"])][str(r["problem_id"])] for r in records]
     sandbox_cm = _open_sandbox(settings) if any(p.kind == CODE for p in chosen) else None
     sandbox = sandbox_cm.__enter__() if sandbox_cm is not None else None
+    grades: list[dict] = []
+    start = time.time()
     try:
-        grades = grade(chosen, [str(r.get("completion", "")) for r in records], sandbox, settings)
+        for first in range(0, len(records), settings.batch_size):
+            grades += grade(chosen[first:first + settings.batch_size],
+                            [r["completion"] for r in records[first:first + settings.batch_size]], sandbox, settings)
+            log(f"[eval] regraded {len(grades)}/{len(records)} ({time.time() - start:.0f}s)")
     finally:
         if sandbox_cm is not None:
             sandbox_cm.__exit__(None, None, None)

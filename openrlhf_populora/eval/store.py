@@ -32,6 +32,22 @@ GRADING_KEYS = ("per_test_timeout_s", "code_sanitizer")
 GRADE_FIELDS = ("passed", "status", "detail")
 # settings added after stores were first written: what a settings.json without the key was written under
 IMPLIED_BY_ABSENCE = {"code_sanitizer": "none"}
+REGRADING = "regrading"  # in settings.json while a regrade rewrites the samples
+
+
+def _replace_durably(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a fsynced temporary file renamed over it, then fsync the directory."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
 
 
 class ResultStore:
@@ -57,6 +73,9 @@ class ResultStore:
                 old = json.loads(self.settings_path.read_text())
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{self.settings_path} is not valid JSON ({exc.msg}). {fix}") from None
+            if old.pop(REGRADING, False) and not self.regrade:
+                raise ValueError(f"{self.directory}: a --regrade was interrupted (its samples may carry the new "
+                                 "grades, its settings the old ones). Fix: rerun with --regrade.")
             for key, value in settings.items():
                 stored = old.get(key, IMPLIED_BY_ABSENCE.get(key, value))
                 if key == "members" or stored == value or (self.regrade and key in GRADING_KEYS):
@@ -83,7 +102,7 @@ class ResultStore:
         return merged
 
     def _write_settings(self, settings: dict[str, Any]) -> None:
-        self.settings_path.write_text(json.dumps(settings, indent=2, sort_keys=True))
+        _replace_durably(self.settings_path, json.dumps(settings, indent=2, sort_keys=True))
 
     # samples -----------------------------------------------------------------------------------------
     def _load(self) -> None:
@@ -133,10 +152,10 @@ class ResultStore:
             os.fsync(handle.fileno())
 
     def replace_grades(self, grades: dict[Key, dict[str, Any]]) -> None:
-        """(A store opened with ``regrade``) give the stored samples ``grades`` (``GRADE_FIELDS`` per key), rewrite
-        ``samples.jsonl`` whole (a new file, fsynced, then renamed over the old one) and then record the new
-        settings. Interrupted before the rename, the old file stands; between the rename and the settings, the
-        next invocation is refused and ``--regrade`` grades the samples again: no state mixes two graders."""
+        """(A store opened with ``regrade``) give the stored samples ``grades`` (``GRADE_FIELDS`` per key): mark
+        ``settings.json`` as regrading, rewrite ``samples.jsonl`` whole (a new file, fsynced, renamed over the old
+        one), then write the new settings without the mark. Interrupted anywhere in between, the store is refused
+        until ``--regrade`` grades its samples again, so no table mixes two graders' verdicts."""
         if not self.regrade:
             raise RuntimeError("replace_grades needs a store opened with regrade=True")
         unknown = [key for key in grades if key not in self._records]
@@ -144,12 +163,9 @@ class ResultStore:
             raise KeyError(f"no stored sample {unknown[0]} in {self.samples_path}")
         for key, grade in grades.items():
             self._records[key] = {**self._records[key], **{f: grade[f] for f in GRADE_FIELDS}}
-        tmp = self.samples_path.with_suffix(".jsonl.tmp")
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in self._records.values()))
-            handle.flush()
-            os.fsync(handle.fileno())
-        tmp.replace(self.samples_path)
+        self._write_settings({**self.settings, REGRADING: True})  # until the end: refused without --regrade
+        _replace_durably(self.samples_path,
+                         "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in self._records.values()))
         self._write_settings(self.settings)
         self.regrade = False
 

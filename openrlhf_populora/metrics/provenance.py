@@ -19,19 +19,23 @@ from typing import Any
 PACKAGES = ("torch", "transformers", "peft", "openrlhf_populora")
 
 
+_ROOT = Path(__file__).resolve().parents[2]  # the checkout's root, when the package runs from one
+
+
 def _git(*args: str) -> str | None:
-    root = Path(__file__).resolve().parents[2]
     try:
-        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(["git", "-C", str(_ROOT), *args], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
 
 
 def code_version() -> dict[str, Any]:
-    """The project's git commit and whether tracked files differ from it (``dirty``), when it runs from a git
-    checkout; otherwise just its installed version (``packages``)."""
-    commit = _git("rev-parse", "HEAD")
+    """The project's git commit and whether tracked files differ from it (``dirty``), when it runs from its own
+    git checkout (an installed copy inside some other repository is not one); otherwise just its installed
+    version (``packages``)."""
+    top = _git("rev-parse", "--show-toplevel")
+    commit = _git("rev-parse", "HEAD") if top and Path(top).resolve() == _ROOT else None
     if commit is None:
         return {"commit": None}
     changes = _git("status", "--porcelain", "--untracked-files=no")

@@ -201,7 +201,14 @@ class Tracker:
         current.update(_jsonable(dict(meta)))
         current["schema"] = SCHEMA_VERSION
         current.setdefault("created", time.time())
-        path.write_text(json.dumps(current, indent=1))
+        self._replace_meta(current)
+
+    def _replace_meta(self, meta: Mapping[str, Any]) -> None:
+        """Write ``run_meta.json`` whole through a temporary file (a crash leaves the old one, sessions and all)."""
+        path = self.run_dir / META_FILE
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(meta, indent=1))
+        os.replace(tmp, path)
 
     def add_session(self, record: Mapping[str, Any]) -> None:
         """Append ``record`` (``metrics.provenance``: code, packages, machine, the step it starts from) to
@@ -209,9 +216,7 @@ class Tracker:
         path = self.run_dir / META_FILE
         current = json.loads(path.read_text())
         current.setdefault("sessions", []).append({**_jsonable(dict(record)), TIME: time.time()})
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(current, indent=1))
-        os.replace(tmp, path)
+        self._replace_meta(current)
 
     def _check_open(self) -> None:
         if self.closed:
