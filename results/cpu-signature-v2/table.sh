@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The headline pass@1 table of the laptop experiment, after commands.sh has finished its nine runs.
+# The headline pass@1 table of the laptop experiment, once commands.sh has finished one seed's population and
+# baseline (SEED, default 1) on this machine: their adapters are read from runs/.
 # Greedy pass@1 with 95% intervals on all 164 HumanEval problems and on a fixed sample of 200 of MBPP's 500 test
 # problems (cli.evaluate --sample: the 200 whose SHA-256 of id is smallest). No package on PyPI ships the EvalPlus
 # data (HumanEval+, MBPP+), so these are the plain versions. Rows: the base model, the baseline B1, stock
 # OpenRLHF's single agent B2, and the population: its mean per role, best student, best teacher and worst member,
 # and every member.
 #
-# Seed 1 of each arm (evaluating every seed's members costs about 25 machine-minutes a model here: the base model took
+# One seed of each arm (evaluating every seed's members costs about 25 machine-minutes a model here: the base model took
 # 11 minutes on HumanEval and 13 on the MBPP sample, side by side on the 2 cores, 2026-12-05).
 #
 # The local engine (transformers + peft, bf16), not vLLM's CPU build: on the first 32 HumanEval problems with the
@@ -28,11 +29,19 @@ cd "$(dirname "$0")/../.."
 RUNS=runs/cpu-signature-v2
 R=results/cpu-signature-v2
 STEP=${STEP:-b2 evaluate}
+SEED=${SEED:-1}
+# the trained adapters live only under runs/ (never committed): the seed's population and baseline must be there,
+# finished (commands.sh); on a machine without them, move the seed's files out of results/ and run commands.sh
+for arm in signature signature-baseline; do
+  [[ -d "$RUNS/$arm-s$SEED/adapters" ]] || { echo "table.sh: $RUNS/$arm-s$SEED/adapters is missing: run seed $SEED" \
+    "of $arm first (commands.sh; it skips a run whose files are in $R, so move them aside)" >&2; exit 2; }
+done
 
 if [[ " $STEP " == *" b2 "* ]]; then
-  b2=(env OUT="$RUNS/stock-b2" FROM_RUN="$RUNS/signature-baseline-s1" MODEL=embedded-coder MAX_NEW_TOKENS=192 LR=1e-5)
+  b2=(env OUT="$RUNS/stock-b2-s$SEED" FROM_RUN="$RUNS/signature-baseline-s$SEED" MODEL=embedded-coder MAX_NEW_TOKENS=192 LR=1e-5)
   "${b2[@]}" STEPS=export bash launch/stock_b2_cpu.sh
-  tasks=$(wc -l < "$RUNS/stock-b2/code_tasks.jsonl")
+  tasks=$(wc -l < "$RUNS/stock-b2-s$SEED/code_tasks.jsonl")
+  mkdir -p "$R/table" && cp "$RUNS/stock-b2-s$SEED/code_tasks.jsonl" "$R/table/b2-tasks.jsonl"  # small: committed
   episodes=$(( (960 + 2 * tasks - 1) / (2 * tasks) ))  # passes over the tasks, 2 samples each: >= 960 samples
   echo "B2: $tasks tasks x 2 samples x $episodes episodes"
   # sampling as the PopuLoRA runs sample (configs/signature.yaml), not upstream's defaults (T=1, top-p 1)
@@ -43,15 +52,15 @@ fi
 if [[ " $STEP " == *" evaluate "* ]]; then
   # the base model's samples are committed (eval-base/commands.sh): start the store from them. Its settings name
   # the base model's converted path (~/.cache/openrlhf_populora/...): where that path differs the store refuses
-  # them (exit 2); delete $RUNS/eval-s1 and pass SKIP_BASE_SAMPLES=1 to evaluate the base model again.
-  if [[ ! -f "$RUNS/eval-s1/samples.jsonl" && -z "${SKIP_BASE_SAMPLES:-}" ]]; then
-    mkdir -p "$RUNS/eval-s1"
-    cp "$R"/eval-base/{samples.jsonl,settings.json} "$RUNS/eval-s1/"
+  # them (exit 2); delete $RUNS/eval-s$SEED and pass SKIP_BASE_SAMPLES=1 to evaluate the base model again.
+  if [[ ! -f "$RUNS/eval-s$SEED/samples.jsonl" && -z "${SKIP_BASE_SAMPLES:-}" ]]; then
+    mkdir -p "$RUNS/eval-s$SEED"
+    cp "$R"/eval-base/{samples.jsonl,settings.json} "$RUNS/eval-s$SEED/"
   fi
   OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} .venv/bin/python -m openrlhf_populora.cli.evaluate \
-    --run "$RUNS/signature-s1" --baseline "$RUNS/signature-baseline-s1" --base \
-    --model "stock-openrlhf=$RUNS/stock-b2/hf" \
-    --benchmarks humaneval,mbpp --sample mbpp=200 --dtype bf16 --out "$RUNS/eval-s1"
+    --run "$RUNS/signature-s$SEED" --baseline "$RUNS/signature-baseline-s$SEED" --base \
+    --model "stock-openrlhf=$RUNS/stock-b2-s$SEED/hf" \
+    --benchmarks humaneval,mbpp --sample mbpp=200 --dtype bf16 --out "$RUNS/eval-s$SEED"
   mkdir -p "$R/table"
-  cp "$RUNS"/eval-s1/results.{md,csv,json,png} "$RUNS/eval-s1/settings.json" "$R/table/"
+  cp "$RUNS"/eval-s$SEED/results.{md,csv,json,png} "$RUNS/eval-s$SEED/settings.json" "$R/table/"
 fi
