@@ -11,6 +11,7 @@ before the next batch starts, so an interruption loses at most one batch.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -78,7 +79,10 @@ def grade(problems: Sequence[Problem], completions: Sequence[str], sandbox: Any,
     return [o for o in out if o is not None]
 
 
-def _open_sandbox(settings: EvalSettings):
+def _open_sandbox(settings: EvalSettings, problems: Iterable[Problem]):
+    """A sandbox for grading ``problems`` when any of them is code, else a context that yields None."""
+    if not any(p.kind == CODE for p in problems):
+        return contextlib.nullcontext()
     from openrlhf_populora.sandbox import Sandbox
 
     return Sandbox(workers=settings.sandbox_workers, timeout_s=settings.sandbox_timeout_s,
@@ -110,11 +114,8 @@ def run_evaluation(
     log(f"[eval] {total - len(todo)}/{total} samples already graded; {len(todo)} to go")
     if not todo:
         return 0
-    needs_sandbox = any(p.kind == CODE for _, _, p in todo)
-    sandbox_cm = _open_sandbox(settings) if needs_sandbox else None
-    sandbox = sandbox_cm.__enter__() if sandbox_cm is not None else None
     added, start = 0, time.time()
-    try:
+    with _open_sandbox(settings, (p for _, _, p in todo)) as sandbox:
         for first in range(0, len(todo), settings.batch_size):
             chunk = todo[first:first + settings.batch_size]
             prompts = [render_prompt(p, settings.code_template if p.kind == CODE else settings.math_template,
@@ -128,9 +129,6 @@ def run_evaluation(
             )
             added += len(chunk)
             log(f"[eval] {total - len(todo) + added}/{total} graded ({time.time() - start:.0f}s)")
-    finally:
-        if sandbox_cm is not None:
-            sandbox_cm.__exit__(None, None, None)
     return added
 
 
@@ -154,18 +152,13 @@ def regrade_samples(store: ResultStore, problems: Mapping[str, Sequence[Problem]
         raise ValueError(f"--regrade: the stored sample {store.key(bare[0])} has no completion to grade again "
                          f"({len(bare)} such); evaluate into a new --out directory instead")
     chosen = [by_id[str(r["benchmark"])][str(r["problem_id"])] for r in records]
-    sandbox_cm = _open_sandbox(settings) if any(p.kind == CODE for p in chosen) else None
-    sandbox = sandbox_cm.__enter__() if sandbox_cm is not None else None
     grades: list[dict] = []
     start = time.time()
-    try:
+    with _open_sandbox(settings, chosen) as sandbox:
         for first in range(0, len(records), settings.batch_size):
             grades += grade(chosen[first:first + settings.batch_size],
                             [r["completion"] for r in records[first:first + settings.batch_size]], sandbox, settings)
             log(f"[eval] regraded {len(grades)}/{len(records)} ({time.time() - start:.0f}s)")
-    finally:
-        if sandbox_cm is not None:
-            sandbox_cm.__exit__(None, None, None)
     changed = sum(bool(r["passed"]) != bool(g["passed"]) for r, g in zip(records, grades, strict=True))
     store.replace_grades({store.key(r): g for r, g in zip(records, grades, strict=True)})
     log(f"[eval] regraded {len(records)} stored samples: {changed} changed verdict")
