@@ -315,3 +315,8 @@ def test_run_meta_records_each_start_and_resume_with_its_code_and_machine(tmp_pa
         assert session["packages"]["torch"] == torch.__version__
         assert session["cpu"] and session["torch_threads"] == torch.get_num_threads()
         assert session["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    # resuming the finished run trains nothing and records nothing (catches: a third session, from step 2, for a
+    # start that did no work, as a driver script that resumes every run would add to finished runs)
+    meta = (run_dir / "run_meta.json").read_text()
+    assert run(_resumed(_config(run_dir, total_steps=2)), loop_tests._build, progress=False) == 0
+    assert (run_dir / "run_meta.json").read_text() == meta

@@ -9,8 +9,8 @@ A run directory written by ``Tracker`` holds:
                       (see ``EVOLUTION_FIELDS``), ``"seeding"`` or anything else the loop wants to keep.
 - ``problems.jsonl``  the per-step problem archive: one object per proposal with ``PROBLEM_FIELDS``.
 - ``run_meta.json``   ``{"schema": SCHEMA_VERSION, "label": ..., "mode": ..., "sessions": [...]}`` (optional for the
-                      report); ``sessions``: one record per start or resume, the step it started from, the git
-                      commit, package versions and CPU (``metrics.provenance``).
+                      report); ``sessions``: one record per start or resume that trains, the step it started
+                      from, the git commit, package versions and CPU (``metrics.provenance``).
 
 Key families (``<tt>`` is a task type such as ``code_o``; ``all`` aggregates over task types):
 

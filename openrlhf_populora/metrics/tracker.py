@@ -212,7 +212,8 @@ class Tracker:
 
     def add_session(self, record: Mapping[str, Any]) -> None:
         """Append ``record`` (``metrics.provenance``: code, packages, machine, the step it starts from) to
-        ``run_meta.json``'s ``sessions``: one per start or resume, never truncated by a resume."""
+        ``run_meta.json``'s ``sessions``: one per start or resume (the runner skips a resume with no step left to
+        train), never truncated by a resume."""
         path = self.run_dir / META_FILE
         current = json.loads(path.read_text())
         current.setdefault("sessions", []).append({**_jsonable(dict(record)), TIME: time.time()})

@@ -273,7 +273,10 @@ def run(config: Config, build_engine: Callable[[Config], Any], sandbox_factory: 
                                               "seconds": time.perf_counter() - tic})
                         phase = "checkpointing the seeded state"
                         checkpoint_now()  # what a failure before the first periodic checkpoint goes back to
-                    tracker.add_session(provenance(from_step=loop.step, resumed=checkpoint is not None))
+                    if checkpoint is None or loop.step < total:  # a resume with no step to train leaves no record
+                        tracker.add_session(provenance(from_step=loop.step, resumed=checkpoint is not None))
+                    else:
+                        log.info("the run is already at step %d of %d: nothing to train", loop.step, total)
                     bar = tqdm(total=total, initial=loop.step, disable=not progress, desc="self-play", unit="step",
                                dynamic_ncols=True)
                     loop.on_phase = on_phase
