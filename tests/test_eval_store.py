@@ -116,18 +116,18 @@ def test_an_interrupted_regrade_is_refused_until_regraded(tmp_path, monkeypatch)
     store = ResultStore(tmp_path, SETTINGS)
     store.append([sample("s0", "HumanEval/0", False)])
     new = {**SETTINGS, "code_sanitizer": "definitions"}
-    real = store_module._replace_durably
+    real = store_module.replace_text
 
     def die_on_samples(path, text):
         if path.name == "samples.jsonl":
             raise KeyboardInterrupt
         real(path, text)
 
-    monkeypatch.setattr(store_module, "_replace_durably", die_on_samples)
+    monkeypatch.setattr(store_module, "replace_text", die_on_samples)
     with pytest.raises(KeyboardInterrupt):
         ResultStore(tmp_path, new, regrade=True).replace_grades(
             {("s0", "humaneval", "HumanEval/0"): {"passed": True, "status": "ok", "detail": ""}})
-    monkeypatch.setattr(store_module, "_replace_durably", real)
+    monkeypatch.setattr(store_module, "replace_text", real)
     for settings in (SETTINGS, {**SETTINGS, "code_sanitizer": "none"}, new):
         with pytest.raises(ValueError, match="a --regrade was interrupted"):
             ResultStore(tmp_path, settings)

@@ -18,12 +18,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from openrlhf_populora.durable import replace_file
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -154,9 +155,9 @@ def write_peft_adapter(
     for key, value in tensors.items():
         value = value.detach().to("cpu")
         payload[key] = (value.to(dtype) if dtype is not None else value).contiguous()
-    _atomic_write(out / WEIGHTS_FILE, lambda path: save_file(payload, path, metadata={"format": "pt"}))
+    replace_file(out / WEIGHTS_FILE, lambda path: save_file(payload, path, metadata={"format": "pt"}))
     text = json.dumps(config, indent=2, sort_keys=True, default=_jsonable)
-    _atomic_write(out / CONFIG_FILE, lambda path: Path(path).write_text(text))
+    replace_file(out / CONFIG_FILE, lambda path: Path(path).write_text(text))
     return out
 
 
@@ -176,14 +177,3 @@ def _jsonable(value: Any) -> Any:
     if hasattr(value, "value"):  # peft's PeftType / TaskType enums
         return value.value
     raise TypeError(f"cannot write {type(value).__name__} to adapter_config.json")
-
-
-def _atomic_write(target: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)

@@ -25,6 +25,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from openrlhf_populora.durable import replace_text
+
 Key = tuple[str, str, str]  # (member, benchmark, problem_id)
 SAMPLE_FIELDS = ("member", "benchmark", "problem_id", "passed")
 # settings that change how a stored completion is graded, not what was generated: ``--regrade`` may change them
@@ -33,21 +35,6 @@ GRADE_FIELDS = ("passed", "status", "detail")
 # settings added after stores were first written: what a settings.json without the key was written under
 IMPLIED_BY_ABSENCE = {"code_sanitizer": "none"}
 REGRADING = "regrading"  # in settings.json while a regrade rewrites the samples
-
-
-def _replace_durably(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a fsynced temporary file renamed over it, then fsync the directory."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
 
 
 class ResultStore:
@@ -102,7 +89,7 @@ class ResultStore:
         return merged
 
     def _write_settings(self, settings: dict[str, Any]) -> None:
-        _replace_durably(self.settings_path, json.dumps(settings, indent=2, sort_keys=True))
+        replace_text(self.settings_path, json.dumps(settings, indent=2, sort_keys=True))
 
     # samples -----------------------------------------------------------------------------------------
     def _load(self) -> None:
@@ -164,7 +151,7 @@ class ResultStore:
         for key, grade in grades.items():
             self._records[key] = {**self._records[key], **{f: grade[f] for f in GRADE_FIELDS}}
         self._write_settings({**self.settings, REGRADING: True})  # until the end: refused without --regrade
-        _replace_durably(self.samples_path,
+        replace_text(self.samples_path,
                          "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in self._records.values()))
         self._write_settings(self.settings)
         self.regrade = False

@@ -16,12 +16,12 @@ from __future__ import annotations
 import json
 import math
 import numbers
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from openrlhf_populora.durable import replace_text
 from openrlhf_populora.metrics.keys import (
     EVENTS_FILE,
     META_FILE,
@@ -204,11 +204,8 @@ class Tracker:
         self._replace_meta(current)
 
     def _replace_meta(self, meta: Mapping[str, Any]) -> None:
-        """Write ``run_meta.json`` whole through a temporary file (a crash leaves the old one, sessions and all)."""
-        path = self.run_dir / META_FILE
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(meta, indent=1))
-        os.replace(tmp, path)
+        """Write ``run_meta.json`` whole, durably (a crash leaves the old one, sessions and all)."""
+        replace_text(self.run_dir / META_FILE, json.dumps(meta, indent=1))
 
     def add_session(self, record: Mapping[str, Any]) -> None:
         """Append ``record`` (``metrics.provenance``: code, packages, machine, the step it starts from) to

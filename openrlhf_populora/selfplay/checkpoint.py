@@ -15,38 +15,13 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from openrlhf_populora.durable import fsync_dir, fsync_tree, replace_text
+
 _MARK = "COMPLETE"
 
 
 def _name(step: int) -> str:
     return f"step_{step:06d}"
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make the directory's entries (creations, renames) durable."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(directory: Path) -> None:
-    """fsync every file under ``directory``, then every directory in it, deepest first."""
-    for dirpath, _dirnames, filenames in os.walk(directory, topdown=False):
-        for name in filenames:
-            path = Path(dirpath) / name
-            if not path.is_symlink():
-                _fsync_file(path)
-        _fsync_dir(Path(dirpath))
 
 
 def save_checkpoint(root: str | Path, step: int, write: Callable[[Path], None], max_num: int = 3,
@@ -61,19 +36,15 @@ def save_checkpoint(root: str | Path, step: int, write: Callable[[Path], None], 
     tmp.mkdir()
     write(tmp)
     (tmp / _MARK).write_text(str(step))
-    _fsync_tree(tmp)  # every byte of the new checkpoint is on disk before anything names it
+    fsync_tree(tmp)  # every byte of the new checkpoint is on disk before anything names it
     final = root / _name(step)
     stale = root / f".{_name(step)}.stale"
     if final.exists():  # re-saving a step: move the old one aside first (latest_checkpoint still finds it there)
         shutil.rmtree(stale, ignore_errors=True)
         os.replace(final, stale)
     os.replace(tmp, final)
-    _fsync_dir(root)
-    pointer = root / ".latest.partial"
-    pointer.write_text(final.name)
-    _fsync_file(pointer)
-    os.replace(pointer, root / "latest")
-    _fsync_dir(root)
+    fsync_dir(root)
+    replace_text(root / "latest", final.name)
     # the new checkpoint is durable: only now may older ones go
     shutil.rmtree(stale, ignore_errors=True)
     _prune(root, keep=max(1, max_num), keep_every=keep_every)

@@ -41,6 +41,7 @@ from openrlhf_populora.config import (
     config_from_dict,
     resume_conflicts,
 )
+from openrlhf_populora.durable import replace_text
 from openrlhf_populora.metrics import Tracker, progress_postfix
 from openrlhf_populora.metrics.provenance import provenance
 from openrlhf_populora.selfplay.checkpoint import latest_checkpoint, save_checkpoint
@@ -124,9 +125,7 @@ def _write_config(config: Config, run_dir: Path) -> None:
         shutil.copy(path, kept)
         log.warning("resuming with changed settings (%s); the previous config.yaml is kept as %s",
                     ", ".join(changed) or "formatting only", kept.name)
-    tmp = path.with_suffix(".yaml.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    replace_text(path, text)
 
 
 def claim_run_dir(config: Config):

@@ -5,13 +5,13 @@ resumes)."""
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from openrlhf_populora.durable import replace_file
 
 STATE_FILE = "engine_state.pt"
 
@@ -21,21 +21,7 @@ def write_state(path: str | Path, state: Mapping[str, Any], config: Mapping[str,
     the new file is fsynced before it replaces the old one, and the directory after."""
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out, prefix=".engine_state.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            torch.save(dict(state), handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, out / STATE_FILE)
-        dir_fd = os.open(out, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    replace_file(out / STATE_FILE, lambda tmp: torch.save(dict(state), tmp))
     (out / "engine_config.json").write_text(json.dumps(dict(config), indent=1, default=str))
 
 

@@ -1,0 +1,57 @@
+"""durable.replace_file: the old file or the new one, never a torn one, and nothing named before it is on disk."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from openrlhf_populora.durable import replace_file, replace_text
+from openrlhf_populora.metrics.tracker import Tracker
+
+
+def _record(monkeypatch):
+    """Record, in order, each fsync (the path it synced) and each replace (its destination)."""
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))),
+                                                 real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", str(b))), real_replace(a, b))[1])
+    return events
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
+    # Catches: writing the target in place (a half-written file where the old one was), or a temporary file left
+    # beside it after the failure.
+    target = tmp_path / "state.json"
+    target.write_text("old")
+
+    def half_then_fail(path: Path) -> None:
+        path.write_text("ne")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        replace_file(target, half_then_fail)
+    assert target.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]
+
+
+def test_the_new_bytes_are_fsynced_before_the_rename_and_the_directory_after(tmp_path, monkeypatch):
+    # Catches: no fsync of the file before the rename (after a power loss, ext4 may hold the rename and an empty
+    # file), or none of the directory after it (the rename itself may be lost).
+    events = _record(monkeypatch)
+    replace_text(tmp_path / "latest", "step_000003")
+    assert [kind for kind, _ in events] == ["fsync", "replace", "fsync"]
+    assert Path(events[0][1]).name.startswith(".latest.") and events[1][1] == str(tmp_path / "latest")
+    assert events[2][1] == str(tmp_path)
+    assert (tmp_path / "latest").read_text() == "step_000003"
+
+
+def test_run_meta_is_written_durably(tmp_path, monkeypatch):
+    # run_meta.json's sessions are the run's provenance. Catches: Tracker writing it with a bare rename, no fsync.
+    events = _record(monkeypatch)
+    with Tracker(tmp_path, meta={"label": "pop", "mode": "population"}):
+        pass
+    meta = str(tmp_path / "run_meta.json")
+    at = [i for i, event in enumerate(events) if event == ("replace", meta)]
+    assert at and all(events[i - 1][0] == "fsync" and ".run_meta.json." in events[i - 1][1] for i in at)
+    assert all(events[i + 1] == ("fsync", str(tmp_path)) for i in at)
