@@ -1,5 +1,6 @@
-# Shared by the launch scripts (sourced, not run): builds the PopuLoRA command line for a preset and submits it
-# to a running Ray cluster with `ray job submit`, or prints it one token per line when DRY_RUN=1.
+# Shared by the launch scripts (sourced, not run): builds the PopuLoRA command line for a preset, submits it
+# to a running Ray cluster with `ray job submit` and follows the job to its end (exit 0 only if it succeeded),
+# or prints it one token per line when DRY_RUN=1.
 #
 # Environment (all optional):
 #   PRESET         1t1s | 4t4s | 8t8s | baseline               (default 4t4s: configs/<PRESET>.yaml, read
@@ -15,6 +16,7 @@
 #   RUNTIME_ENV    --runtime-env-json for the job               (default: tokenizer threads off; env vars and keys
 #                  set here win over the launcher's own, which leaves them out of its ray.init: Ray refuses a
 #                  key set on both sides)
+#   SUBMISSION_ID  the Ray job's id                             (default populora-<PRESET>-<date-time>-<pid>)
 #   DRY_RUN=1      print the command instead of submitting it (tests/test_launch_scripts.py uses this)
 
 POPULORA_LAUNCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -57,13 +59,22 @@ populora_args() {
          --logger.tensorboard_dir "$RUN_DIR/tensorboard")
 }
 
-# Submit ARGS plus "$@" (extra flags from the command line win: argparse keeps the last value).
+# Submit ARGS plus "$@" (extra flags from the command line win: argparse keeps the last value), then follow the
+# job to its end with ray_job_follow.py: exit 0 only if it succeeded. Not `ray job submit`'s own tail, which can
+# return 0 while the job still runs (ray-project/ray#51601), and the sbatch script would then stop Ray under it.
 populora_submit() {
-  local cmd=(ray job submit --address="$RAY_ADDRESS" --runtime-env-json="$RUNTIME_ENV"
-             -- python3 -m openrlhf_populora.cli.train --populora.engine ray "${ARGS[@]}" "$@")
+  local id=${SUBMISSION_ID:-populora-$PRESET-$(date +%Y%m%d-%H%M%S)-$$}
+  local cmd=(ray job submit --address="$RAY_ADDRESS" --runtime-env-json="$RUNTIME_ENV" --submission-id="$id"
+             --no-wait -- python3 -m openrlhf_populora.cli.train --populora.engine ray "${ARGS[@]}" "$@")
   if [[ ${DRY_RUN:-0} == 1 ]]; then
     printf '%s\n' "${cmd[@]}"
   else
+    if ! python3 -c 'import ray.job_submission' 2>/dev/null; then  # checked before submitting: nothing runs unfollowed
+      echo "launch: this python3 cannot import ray.job_submission, which follows the job (ray_job_follow.py):" \
+        "run from the Python environment that has Ray" >&2
+      exit 2
+    fi
     "${cmd[@]}"
+    python3 "$POPULORA_LAUNCH_DIR/ray_job_follow.py" "$RAY_ADDRESS" "$id"
   fi
 }

@@ -27,8 +27,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -38,6 +38,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from ray_nodes import START_TIMEOUT_S, free_ports, kill_tree, local_cluster, node_env, own_processes
 
 from openrlhf_populora.engines.adapter_files import read_peft_adapter
 from openrlhf_populora.eval.generation import vllm_available
@@ -50,9 +51,7 @@ pytestmark = [
 ]
 
 ROOT = Path(__file__).resolve().parents[1]
-VENV_BIN = Path(sys.executable).parent
 JOB_TIMEOUT_S = 900
-START_TIMEOUT_S = 180
 
 RUNNER = r'''
 import json, re
@@ -114,114 +113,11 @@ FLAGS = [
 TWO_RANKS = ["--rollout.micro_batch_size", "2"]  # 3 micro-batches (2 + 4 samples) over 2 ranks: one is padded
 
 
-def _free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
-def _own_processes(marker: str) -> list:
-    import psutil
-
-    found = []
-    for process in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            if any(marker in part for part in process.info["cmdline"] or ()):
-                found.append(process)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return found
-
-
-def _kill_tree(marker: str) -> None:
-    """Stop every process whose command line names ``marker`` (this module's temp dir), and their children."""
-    import psutil
-
-    processes = _own_processes(marker)
-    for process in list(processes):
-        try:
-            processes += process.children(recursive=True)
-        except psutil.NoSuchProcess:
-            pass
-    for process in processes:
-        try:
-            process.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(processes, timeout=15)
-    for process in alive:
-        try:
-            process.kill()
-        except psutil.NoSuchProcess:
-            pass
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "SLURM_"))}
-    env.update(PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}", OMP_NUM_THREADS="1",
-               TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               # Ray's memory monitor kills workers at 95% of the machine's memory, other processes' included;
-               # on a shared test machine that is not this cluster's doing
-               RAY_memory_monitor_refresh_ms="0", **extra)
-    return env
-
-
-def _wait_for_nodes(gcs: str, count: int, env: dict) -> None:
-    probe = ("import sys, ray; ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False); "
-             "print(sum(1 for n in ray.nodes() if n['Alive']))")
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        done = subprocess.run([sys.executable, "-c", probe, gcs], env=env, capture_output=True, text=True,
-                              timeout=120)
-        if done.returncode == 0 and done.stdout.strip().splitlines()[-1:] == [str(count)]:
-            return
-        time.sleep(3)
-    raise TimeoutError(f"Ray nodes at {gcs} did not come up: {done.stdout[-500:]} {done.stderr[-2000:]}")
-
-
 @pytest.fixture(scope="module")
 def ray_cluster():
     """Two Ray nodes on this machine (head + a second raylet), one logical GPU and 4 logical CPUs each."""
-    temp = tempfile.mkdtemp(prefix="prh-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
-    gcs, dashboard, client, *node_ports = _free_ports(3 + 2 * 6)
-    env = _env()
-    nodes = []
-
-    def node_flags(ports: list[int]) -> list[str]:
-        return ["--num-gpus", "1", "--num-cpus", "4", "--object-store-memory", str(200 * 1024 ** 2),
-                "--node-manager-port", str(ports[0]), "--object-manager-port", str(ports[1]),
-                "--dashboard-agent-listen-port", str(ports[2]), "--dashboard-agent-grpc-port", str(ports[3]),
-                "--metrics-export-port", str(ports[4]), "--runtime-env-agent-port", str(ports[5]),
-                "--disable-usage-stats", "--block"]
-
-    try:
-        head = [str(VENV_BIN / "ray"), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(gcs),
-                "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard),
-                "--ray-client-server-port", str(client), "--temp-dir", temp, *node_flags(node_ports[:6])]
-        nodes.append(subprocess.Popen(head, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                      start_new_session=True))
-        _wait_for_nodes(f"127.0.0.1:{gcs}", 1, env)
-        worker = [str(VENV_BIN / "ray"), "start", "--address", f"127.0.0.1:{gcs}", "--node-ip-address",
-                  "127.0.0.1", *node_flags(node_ports[6:])]
-        nodes.append(subprocess.Popen(worker, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                      start_new_session=True))
-        _wait_for_nodes(f"127.0.0.1:{gcs}", 2, env)
-        yield {"dashboard": f"http://127.0.0.1:{dashboard}", "gcs": f"127.0.0.1:{gcs}", "temp": temp}
-    finally:
-        for node in reversed(nodes):
-            node.send_signal(signal.SIGTERM)
-        for node in reversed(nodes):
-            try:
-                node.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                node.kill()
-        _kill_tree(temp)
-        shutil.rmtree(temp, ignore_errors=True)
+    with local_cluster(nodes=2, gpus=1, cpus=4) as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="module")
@@ -247,15 +143,16 @@ def _submit(script: str, cwd: Path, cluster: dict, runner_dir: Path, *flags: str
     runtime_env = {"env_vars": {  # the old default's key (TOKENIZERS_PARALLELISM) included on purpose
         "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(runner_dir),
         "POPULORA_RAY_RUNNER": "populora_rehearsal_runner:run"}}
-    environment = _env(RAY_ADDRESS=cluster["dashboard"], PRESET="1t1s", MODEL="tiny",
-                       RUNTIME_ENV=json.dumps(runtime_env), **env)
+    environment = node_env(RAY_ADDRESS=cluster["dashboard"], PRESET="1t1s", MODEL="tiny",
+                           RUNTIME_ENV=json.dumps(runtime_env), **env)
     tic = time.monotonic()
     done = subprocess.run(["bash", str(ROOT / "launch" / script), *FLAGS, *flags], cwd=cwd, env=environment,
                           capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
     print(f"[rehearsal] {script} {' '.join(flags)}: {time.monotonic() - tic:.0f} s", file=sys.stderr)
     assert done.returncode == 0, (done.stdout[-8000:], done.stderr[-3000:])
-    assert "Job 'raysubmit_" in done.stdout + done.stderr and "succeeded" in done.stdout + done.stderr, \
-        done.stdout[-3000:]
+    # followed to its end by launch/ray_job_follow.py, under lib.sh's default submission id
+    assert re.search(r"launch: job populora-1t1s-\S+ SUCCEEDED", done.stderr), \
+        (done.stdout[-3000:], done.stderr[-3000:])
     return done
 
 
@@ -393,12 +290,12 @@ def slurm():
     key.write_bytes(os.urandom(1024))
     key.chmod(0o400)
     host = socket.gethostname()
-    ctld_port, slurmd_port = _free_ports(2)
+    ctld_port, slurmd_port = free_ports(2)
     conf = folder / "slurm.conf"
     conf.write_text(SLURM_CONF.format(host=host, ctld_port=ctld_port, slurmd_port=slurmd_port, dir=folder,
                                       cpus=os.cpu_count()))
     (folder / "gres.conf").write_text(f"NodeName={host} Name=gpu File=/dev/null\n")  # one logical GPU
-    env = _env(SLURM_CONF=str(conf))
+    env = node_env(SLURM_CONF=str(conf))
     daemons = []
     try:
         daemons.append(subprocess.Popen(
@@ -435,14 +332,14 @@ def slurm():
                 daemon.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 daemon.kill()
-        _kill_tree(str(folder))
+        kill_tree(str(folder))
         shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_slurm_batch_script_runs_two_steps_and_releases_the_allocation(slurm, runner_dir, workdir):
     env = slurm["env"]
     temp = tempfile.mkdtemp(prefix="prs-", dir="/tmp")  # this job's Ray: own temp dir and ports
-    gcs, dashboard, client, *ports = _free_ports(3 + 6)
+    gcs, dashboard, client, *ports = free_ports(3 + 6)
     run = workdir / "slurm-run"
     runtime_env = {"env_vars": {"PYTHONPATH": str(runner_dir), "POPULORA_RAY_RUNNER": "populora_rehearsal_runner:run"}}
     job_env = dict(env, PRESET="1t1s", MODEL="tiny", GPUS_PER_NODE="1", RUN_DIR=str(run),
@@ -475,19 +372,20 @@ def test_slurm_batch_script_runs_two_steps_and_releases_the_allocation(slurm, ru
         print(f"[rehearsal] sbatch: {time.monotonic() - tic:.0f} s", file=sys.stderr)
         state = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True, text=True, timeout=30)
         assert "JobState=COMPLETED" in state.stdout, (state.stdout, log[-6000:])
+        assert re.search(r"launch: job populora-1t1s-\S+ SUCCEEDED", log), log[-4000:]  # followed to its end
         # the allocation is released when the job ends: the node is idle again and no Ray of the job is left
         for _ in range(30):
             idle = subprocess.run(["sinfo", "-h", "-o", "%t"], env=env, capture_output=True, text=True, timeout=30)
-            if idle.stdout.strip() == "idle" and not _own_processes(temp):
+            if idle.stdout.strip() == "idle" and not own_processes(temp):
                 break
             time.sleep(1)
         assert idle.stdout.strip() == "idle", idle.stdout
-        assert not _own_processes(temp), [p.info["cmdline"][:3] for p in _own_processes(temp)]
+        assert not own_processes(temp), [p.info["cmdline"][:3] for p in own_processes(temp)]
         records = _jsonl(run / "metrics.jsonl")
         assert [r["step"] for r in records] == [1, 2], log[-4000:]
         assert all({k for k in r if k.endswith("/all/policy_loss")} for r in records)
     finally:
         if job is not None:
             subprocess.run(["scancel", job], env=env, capture_output=True, timeout=30)
-        _kill_tree(temp)
+        kill_tree(temp)
         shutil.rmtree(temp, ignore_errors=True)

@@ -129,6 +129,24 @@ def test_an_unknown_preset_fails_clearly():
     assert out.returncode == 2 and "no such preset file" in out.stderr
 
 
+def test_a_python_that_cannot_follow_the_job_is_refused_before_submitting(tmp_path):
+    # lib.sh follows the job with ray_job_follow.py (Ray's job SDK). Catches: submitting first and failing to
+    # follow after (a job running with nobody waiting for it; under sbatch, Ray stopped beneath it). The `ray`
+    # here only records that it was called; the python3 is the system's, which has no Ray.
+    if subprocess.run(["/usr/bin/python3", "-c", "import ray"], capture_output=True).returncode == 0:
+        pytest.skip("the system python3 has Ray")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to("/usr/bin/python3")
+    called = tmp_path / "ray-called"
+    (bin_dir / "ray").write_text(f"#!/bin/sh\ntouch {called}\n")
+    (bin_dir / "ray").chmod(0o755)
+    out = subprocess.run(["bash", str(LAUNCH / "ray_job_1node.sh")], cwd=tmp_path, capture_output=True, text=True,
+                         env={**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin", "PRESET": "1t1s"}, timeout=30)
+    assert out.returncode == 2 and "cannot import ray.job_submission" in out.stderr, out.stderr
+    assert not called.exists()
+
+
 def test_every_preset_file_line_is_one_flag():
     for path in sorted((LAUNCH / "presets").glob("*.args")):
         for line in path.read_text().splitlines():

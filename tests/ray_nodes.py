@@ -1,0 +1,135 @@
+"""Real Ray nodes on this machine for the tests that need a cluster: their own temp dir and ports, started with
+the venv's ``ray start --block`` and torn down by stopping only their own processes (never ``ray stop``, which
+stops every Ray on the machine)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+VENV_BIN = Path(sys.executable).parent
+START_TIMEOUT_S = 180
+
+
+def free_ports(n: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def own_processes(marker: str) -> list:
+    """Every process whose command line names ``marker`` (a temp dir of the test's own)."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if any(marker in part for part in process.info["cmdline"] or ()):
+                found.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def kill_tree(marker: str) -> None:
+    """Stop every process whose command line names ``marker``, and their children."""
+    import psutil
+
+    processes = own_processes(marker)
+    for process in list(processes):
+        try:
+            processes += process.children(recursive=True)
+        except psutil.NoSuchProcess:
+            pass
+    for process in processes:
+        try:
+            process.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(processes, timeout=15)
+    for process in alive:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def node_env(**extra: str) -> dict[str, str]:
+    """This environment without Ray's and Slurm's variables, the venv first on PATH, one thread."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "SLURM_"))}
+    env.update(PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}", OMP_NUM_THREADS="1",
+               TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               # Ray's memory monitor kills workers at 95% of the machine's memory, other processes' included;
+               # on a shared test machine that is not this cluster's doing
+               RAY_memory_monitor_refresh_ms="0", **extra)
+    return env
+
+
+def wait_for_nodes(gcs: str, count: int, env: dict) -> None:
+    probe = ("import sys, ray; ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False); "
+             "print(sum(1 for n in ray.nodes() if n['Alive']))")
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        done = subprocess.run([sys.executable, "-c", probe, gcs], env=env, capture_output=True, text=True,
+                              timeout=120)
+        if done.returncode == 0 and done.stdout.strip().splitlines()[-1:] == [str(count)]:
+            return
+        time.sleep(3)
+    raise TimeoutError(f"Ray nodes at {gcs} did not come up: {done.stdout[-500:]} {done.stderr[-2000:]}")
+
+
+def node_flags(ports: list[int], gpus: int, cpus: int) -> list[str]:
+    """``ray start`` flags for a node on six ``ports`` of its own, blocking (the process is the node)."""
+    return ["--num-gpus", str(gpus), "--num-cpus", str(cpus), "--object-store-memory", str(200 * 1024 ** 2),
+            "--node-manager-port", str(ports[0]), "--object-manager-port", str(ports[1]),
+            "--dashboard-agent-listen-port", str(ports[2]), "--dashboard-agent-grpc-port", str(ports[3]),
+            "--metrics-export-port", str(ports[4]), "--runtime-env-agent-port", str(ports[5]),
+            "--disable-usage-stats", "--block"]
+
+
+@contextlib.contextmanager
+def local_cluster(nodes: int, gpus: int, cpus: int) -> Iterator[dict[str, str]]:
+    """A head and ``nodes - 1`` more raylets on this machine, ``gpus`` logical GPUs and ``cpus`` CPUs each.
+    Yields the addresses: ``dashboard`` (the job API), ``gcs``, and the nodes' ``temp`` dir."""
+    temp = tempfile.mkdtemp(prefix="prh-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    gcs, dashboard, client, *ports = free_ports(3 + nodes * 6)
+    env = node_env()
+    started = []
+    try:
+        head = [str(VENV_BIN / "ray"), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(gcs),
+                "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard),
+                "--ray-client-server-port", str(client), "--temp-dir", temp, *node_flags(ports[:6], gpus, cpus)]
+        started.append(subprocess.Popen(head, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                        start_new_session=True))
+        wait_for_nodes(f"127.0.0.1:{gcs}", 1, env)
+        for index in range(1, nodes):
+            worker = [str(VENV_BIN / "ray"), "start", "--address", f"127.0.0.1:{gcs}", "--node-ip-address",
+                      "127.0.0.1", *node_flags(ports[6 * index:6 * index + 6], gpus, cpus)]
+            started.append(subprocess.Popen(worker, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                            start_new_session=True))
+        wait_for_nodes(f"127.0.0.1:{gcs}", nodes, env)
+        yield {"dashboard": f"http://127.0.0.1:{dashboard}", "gcs": f"127.0.0.1:{gcs}", "temp": temp}
+    finally:
+        for node in reversed(started):
+            node.send_signal(signal.SIGTERM)
+        for node in reversed(started):
+            try:
+                node.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                node.kill()
+        kill_tree(temp)
+        shutil.rmtree(temp, ignore_errors=True)
