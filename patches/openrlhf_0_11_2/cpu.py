@@ -1,6 +1,6 @@
 """CPU-only patches: let OpenRLHF 0.11.2's TRAINING path run without CUDA (gloo, CPU tensors).
 
-Upstream hard-wires CUDA in a few run-time calls (shared/reference/openrlhf-0.11.2.md, section 4):
+Upstream hard-wires CUDA in a few run-time calls (read from the 0.11.2 sources):
 ``torch.cuda.current_device()`` as a device (replay buffer, ``ActorPPOTrainer.ppo_train``,
 ``PolicyModelActor.forward``, ``DeepspeedStrategy.all_reduce/all_gather``), ``torch.cuda.set_device`` and
 ``init_device_mesh("cuda")`` in ``DeepspeedStrategy.setup_distributed``, ``torch.cuda.synchronize`` in
