@@ -13,9 +13,12 @@
 #     (a full fine-tune beside vLLM: the 0.5B code model peaked at 20.6 GB of RAM with the defaults below,
 #     MODEL=embedded about 7.5 GB; launch/README.md has the measurements)
 #   OUT [runs/stock-b2]     code_tasks.jsonl, hf/ (the trained model), checkpoints/, tensorboard/
-#   SEED_FILE [configs/seeds/basic.jsonl] or FROM_RUN (a run directory: the tasks it trained on)
-#   TASK_TYPES [code_o,code_i]  LIMIT [all]  EPISODES [1]  LR [1e-6]  MAX_NEW_TOKENS [192]
+#   SEED_FILE [configs/seeds/basic.jsonl] or FROM_RUN (a run directory: the tasks its solvers drew, as the types
+#     they answered them as, in the prompts they saw)
+#   TASK_TYPES [code_o,code_i]  LIMIT [all]  REPEAT_TO [off: each task once]  EPISODES [1]  LR [1e-6]
+#   MAX_NEW_TOKENS [192]  SEED [42]
 #   ROLLOUT_BATCH [4] prompts a step, N_SAMPLES [2] per prompt, TRAIN_BATCH [8], TRAIN_MICRO [1]
+#   The learning rate is constant (PopuLoRA's is; upstream's default decays to a tenth by cosine after warm-up).
 #   ZERO_STAGE [0]: one rank needs no ZeRO, whose flat fp32 copy and reduce buckets cost ~3 GB on the 0.5B model
 #   POP, B1 (run directories), BENCHMARKS [humaneval], DATA_DIR, EVAL_LIMIT: the evaluation
 #   STEPS ["export train evaluate"]
@@ -34,7 +37,7 @@ if has export; then
     source_args=(--seed-file "${SEED_FILE:-configs/seeds/basic.jsonl}")
     [[ -n "${FROM_RUN:-}" ]] && source_args=(--run "$FROM_RUN")
     "$PY" -m openrlhf_populora.cli.tasks export "${source_args[@]}" --task-types "${TASK_TYPES:-code_o,code_i}" \
-        ${LIMIT:+--limit "$LIMIT"} --out "$OUT/code_tasks.jsonl"
+        ${LIMIT:+--limit "$LIMIT"} ${REPEAT_TO:+--repeat-to "$REPEAT_TO"} --out "$OUT/code_tasks.jsonl"
 fi
 
 if has train; then
@@ -42,6 +45,7 @@ if has train; then
     "$PY" -m openrlhf_populora.cli.stock_ppo \
         --actor.model_name_or_path "$model_dir" --actor.num_nodes 1 --actor.num_gpus_per_node 1 \
         --vllm.num_engines 1 --vllm.enforce_eager --ds.zero_stage "${ZERO_STAGE:-0}" --actor.adam.lr "${LR:-1e-6}" \
+        --actor.lr_scheduler constant --actor.lr_warmup_ratio 0 \
         --algo.advantage.estimator reinforce --algo.kl.init_coef 0 \
         --reward.remote_url "$("$PY" -m openrlhf_populora.cli.tasks reward-file)" \
         --data.prompt_dataset "$OUT/code_tasks.jsonl" --data.input_key prompt --data.label_key label \
@@ -49,7 +53,7 @@ if has train; then
         --rollout.batch_size "${ROLLOUT_BATCH:-4}" --rollout.n_samples_per_prompt "${N_SAMPLES:-2}" \
         --rollout.micro_batch_size "${ROLLOUT_BATCH:-4}" --train.batch_size "${TRAIN_BATCH:-8}" \
         --train.micro_batch_size "${TRAIN_MICRO:-1}" --actor.gradient_checkpointing_enable \
-        --train.max_epochs 1 --train.num_episodes "${EPISODES:-1}" --train.seed 42 \
+        --train.max_epochs 1 --train.num_episodes "${EPISODES:-1}" --train.seed "${SEED:-42}" \
         --ckpt.output_dir "$OUT/hf" --ckpt.save_hf --ckpt.path "$OUT/checkpoints" \
         --logger.tensorboard_dir "$OUT/tensorboard" "$@"
 fi

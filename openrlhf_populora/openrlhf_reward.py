@@ -32,6 +32,7 @@ import atexit
 import json
 import os
 import queue
+import re
 import threading
 from concurrent import futures
 
@@ -199,20 +200,28 @@ def _task_from_label(label):
     return Task.from_dict(data)
 
 
+# special tokens at the end of a decoded response: upstream decodes with skip_special_tokens=False and vLLM keeps
+# the EOS token (Qwen's <|im_end|>, <|endoftext|>; Llama's </s>), which PopuLoRA's engines never show the grader
+_TRAILING_SPECIAL = re.compile(r"(?:\s*(?:<\|[^|<>\s]{1,40}\|>|</s>))+\s*$")
+
+
 def _response_of(query, prompt) -> str:
     """The completion inside ``query`` (= decoded prompt + response): the text after the prompt, else after
-    the prompt's last 64 characters (decoding may change the prompt's start), else the whole query."""
+    the prompt's last 64 characters (decoding may change the prompt's start), else the whole query; without
+    the special tokens that end it (the EOS token), as PopuLoRA's own engines decode it."""
     if not isinstance(query, str):
         return ""
+    response = query
     if isinstance(prompt, str) and prompt.strip():
         at = query.find(prompt)
         if at >= 0:
-            return query[at + len(prompt):]
-        tail = prompt.rstrip()[-64:]
-        at = query.rfind(tail)
-        if at >= 0:
-            return query[at + len(tail):]
-    return query
+            response = query[at + len(prompt):]
+        else:
+            tail = prompt.rstrip()[-64:]
+            at = query.rfind(tail)
+            if at >= 0:
+                response = query[at + len(tail):]
+    return _TRAILING_SPECIAL.sub("", response)
 
 
 def _as_tensor(values: list[float]):

@@ -205,16 +205,19 @@ def test_run_dir_buffers(tmp_path, capsys):
     induction = Task("code_f", "def f(x):\n    return x * 3\n", ["1", "2", "3"], ["3", "6", "9"],
                      message="Triple it.", shown=[0, 1], proposer="m0", step=6)
     path = write_buffers(tmp_path / "run", [proposed_o, proposed_i, same_as_o, induction])
+    (tmp_path / "run" / "config.yaml").write_text("populora:\n  prompts: default\n  chat_template: true\n")
     buffers = TaskBuffers.load(path)  # the format a run writes and reads back
     assert buffers.sizes() == {"code_o": 1, "code_i": 2, "code_f": 1}
 
+    # from a run, each task as the type its solvers answered it as (catches: every triplet exported both ways,
+    # tasks the run never trained on in that role)
     lines, err = export(tmp_path, capsys, "--run", str(tmp_path / "run"))
+    assert labels_of(lines) == [proposed_o, proposed_i, same_as_o, induction]
+    assert err.startswith(f"wrote 4 prompts (code_f: 1, code_i: 2, code_o: 1) from {path} ")
     # file order: code_o (both ways), code_i (both ways; the retyped code_o triplet is a duplicate), code_f
+    lines, err = export(tmp_path, capsys, "--run", str(tmp_path / "run"), "--no-keep-types")
     assert labels_of(lines) == [proposed_o, replace(proposed_o, task_type="code_i"),
                                 replace(proposed_i, task_type="code_o"), proposed_i, induction]
-    assert err.startswith(f"wrote 5 prompts (code_f: 1, code_i: 2, code_o: 2) from {path} ")
-    lines, _ = export(tmp_path, capsys, "--run", str(tmp_path / "run"), "--keep-types")
-    assert labels_of(lines) == [proposed_o, proposed_i, same_as_o, induction]
     lines, _ = export(tmp_path, capsys, "--run", str(tmp_path / "run"), "--task-types", "code_f")
     assert labels_of(lines) == [induction]
     assert lines[0]["prompt"] == solver_prompt(induction) and "Triple it." in lines[0]["prompt"]
@@ -319,3 +322,53 @@ def test_module_entry_point(tmp_path, capsys):
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == ERROR_PREFIX + f"--seed-file {tmp_path / 'missing.jsonl'}: no such file\n"
+
+
+def test_a_run_export_uses_the_prompts_its_solvers_saw(tmp_path, capsys):
+    # a run trained with compact prompts (the signature presets). Catches: exporting the default templates for
+    # it (stock OpenRLHF then trains on a prompt B1 never saw: 118 of 118 differed on the real baseline), and a
+    # contradicting flag accepted.
+    task = Task("code_o", "def f(a, b):\n    return a - b\n", ["9, 4"], ["5"], proposer="m0", step=3)
+    write_buffers(tmp_path / "run", [task])
+    (tmp_path / "run" / "config.yaml").write_text("populora:\n  prompts: compact\n  chat_template: true\n")
+    lines, err = export(tmp_path, capsys, "--run", str(tmp_path / "run"))
+    assert lines[0]["prompt"] == solver_prompt(task, COMPACT_TEMPLATES) and "(compact prompts, render user)" in err
+    assert "the run's solvers saw populora.prompts compact" in fails(
+        capsys, "export", "--run", str(tmp_path / "run"), "--prompts", "default", "--out", str(tmp_path / "x"))
+    (tmp_path / "run" / "config.yaml").write_text("populora:\n  prompts: default\n  chat_template: false\n")
+    lines, _ = export(tmp_path, capsys, "--run", str(tmp_path / "run"))
+    assert lines[0]["prompt"] == render_raw(solver_prompt(task))  # a raw-prompt run: AZR's plain text
+    assert "leave --render out" in fails(
+        capsys, "export", "--run", str(tmp_path / "run"), "--render", "user", "--out", str(tmp_path / "x"))
+
+
+def test_repeat_to_spreads_the_tasks_evenly(tmp_path, capsys):
+    # 3 distinct tasks to 8 lines: each twice, two of them three times, chosen by label hash whatever the order.
+    # Catches: a count other than N, an uneven spread, extra copies that depend on the file order.
+    tasks = [Task("code_o", f"def f(x):\n    return x + {k}\n", ["1"], [str(1 + k)], proposer="m0", step=1)
+             for k in range(3)]
+    seed = tmp_path / "seed.jsonl"
+    seed.write_text("".join(json.dumps(t.to_dict()) + "\n" for t in tasks))
+    lines, err = export(tmp_path, capsys, "--seed-file", str(seed), "--keep-types", "--repeat-to", "8")
+    counts = {label: sum(line["label"] == label for line in lines) for label in {line["label"] for line in lines}}
+    assert len(lines) == 8 and sorted(counts.values()) == [2, 3, 3] and "(3 distinct, repeated to 8)" in err
+    seed.write_text("".join(json.dumps(t.to_dict()) + "\n" for t in reversed(tasks)))
+    again, _ = export(tmp_path, capsys, "--seed-file", str(seed), "--keep-types", "--repeat-to", "8")
+    assert {label: sum(line["label"] == label for line in again) for label in counts} == counts
+    assert "fewer than the 3 distinct lines" in fails(
+        capsys, "export", "--seed-file", str(seed), "--keep-types", "--repeat-to", "2", "--out", str(tmp_path / "x"))
+
+
+def test_an_answer_ending_in_the_eos_token_is_graded_as_without_it(task_sandbox, monkeypatch):
+    # Upstream decodes the query with skip_special_tokens=False and vLLM keeps the EOS token, so the reward file
+    # sees "...<|im_end|>"; B1's engine decodes without special tokens. Catches: an answer whose last block is
+    # left open (accepted for B1) graded as a syntax error for stock OpenRLHF.
+    monkeypatch.setattr(reward_file, "_SANDBOX", task_sandbox)
+    monkeypatch.delenv("POPULORA_REWARD_MODE", raising=False)
+    task = Task("code_o", "def f(s):\n    return s[::-1]\n", ["'abc'"], ["'cba'"], proposer="m0", step=1)
+    prompt = solver_prompt(task)
+    for answer in ("```output\n'cba'", "<answer>'cba'", "```output\n'cba'\n```"):
+        plain = reward_func([prompt + answer], [prompt], [task.to_json()])["rewards"].tolist()
+        for eos in ("<|im_end|>", "<|im_end|>\n", "<|endoftext|>"):
+            assert reward_func([prompt + answer + eos], [prompt], [task.to_json()])["rewards"].tolist() == plain
+        assert plain == [1.0], answer

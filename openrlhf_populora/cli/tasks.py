@@ -8,12 +8,15 @@
 
     {"prompt": <the solver prompt>, "label": <the task as JSON>, "datasource": <its task type>}
 
-one line per (task, task type): a code_o or code_i task is a (program, input, output) triplet that can be played
-both ways, so it is written once as each of the two triplet types asked for (``--keep-types``: only as the type
-it was recorded with); a code_f task only as code_f. Identical (type, program, pairs, message) lines are written
-once. The tasks come from a seed file (``--seed-file``, JSONL of ``Task`` records, e.g. ``configs/seeds/basic.jsonl``)
-or from a run directory (``--run``: the task buffers it saved, ``buffers.jsonl``), i.e. what a population trained
-on. The label is what ``openrlhf_populora/openrlhf_reward.py`` (the reward file) reads: ``Task.to_json()``.
+one line per (task, task type). The tasks come from a seed file (``--seed-file``, JSONL of ``Task`` records, e.g.
+``configs/seeds/basic.jsonl``) or from a run directory (``--run``: the task buffers it saved, ``buffers.jsonl``),
+i.e. what its solvers drew their tasks from. From a run, each task is written as the type it was recorded with,
+the type its solvers answered it as (``--no-keep-types`` writes a triplet as code_o and code_i both); from a seed
+file, a code_o or code_i triplet is written as each triplet type asked for (``--keep-types``: only its own), a
+code_f task only as code_f. Identical (type, program, pairs, message) lines are written once; ``--repeat-to N``
+then repeats them as evenly as possible to N lines (the extra copies go to the lines whose label has the
+smallest SHA-256), so that one episode of stock OpenRLHF answers N prompts. The label is what
+``openrlhf_populora/openrlhf_reward.py`` (the reward file) reads: ``Task.to_json()``.
 
 How OpenRLHF reads the file (``openrlhf/datasets/prompts_dataset.py``): ``data[--data.input_key]`` is the
 prompt, ``data[--data.label_key]`` the label, ``datasource`` a tag. With ``--data.apply_chat_template`` a string
@@ -28,7 +31,10 @@ exactly how PopuLoRA renders its prompts (``populora.chat_template: true``). So 
 - ``raw``: AZR's plain-text R1 conversation (PopuLoRA's ``populora.chat_template: false``); train WITHOUT
   ``--data.apply_chat_template``.
 
-``--prompts default|compact`` picks the templates as the training config's ``populora.prompts`` does. Lines keep
+``--prompts default|compact`` picks the templates as the training config's ``populora.prompts`` does. From a run,
+the prompts and the render follow its ``config.yaml`` (``populora.prompts``; ``populora.chat_template``: ``user``
+when true, ``raw`` when false), and a flag that contradicts it is refused: stock OpenRLHF then sees the prompts
+the run's solvers saw. Lines keep
 the source's order unless ``--shuffle-seed`` is given; ``--limit N`` keeps the first N lines (after shuffling).
 Bad input (an unknown task type, no task of the asked types, an unreadable or malformed file) is one line on
 stderr and exit status 2.
@@ -166,6 +172,36 @@ def dataset_lines(tasks: Iterable[Task], task_types: Sequence[str], *, render: s
     return lines, skipped
 
 
+def repeat_to(lines: Sequence[dict], size: int) -> list[dict]:
+    """``lines`` repeated as evenly as possible to ``size`` lines: each ``size // len`` times, and once more for
+    the ``size % len`` lines whose label has the smallest SHA-256 (fixed, whatever the order); source order."""
+    import hashlib
+
+    if size < len(lines):
+        raise InputError(f"--repeat-to {size}: fewer than the {len(lines)} distinct lines (use --limit to cut)")
+    times, extra = divmod(size, len(lines))
+    ranked = sorted(range(len(lines)), key=lambda i: hashlib.sha256(lines[i][LABEL_KEY].encode()).hexdigest())
+    more = set(ranked[:extra])
+    return [line for i, line in enumerate(lines) for _ in range(times + (i in more))]
+
+
+def run_prompt_settings(run: str) -> tuple[str, str]:
+    """(``--prompts``, ``--render``) of the run's solvers: its ``config.yaml``'s ``populora.prompts`` and
+    ``populora.chat_template`` (true: ``user``, rendered by upstream's ``--data.apply_chat_template``)."""
+    import yaml
+
+    path = Path(run) / "config.yaml"
+    try:
+        config = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise InputError(f"--run {run}: cannot read {path} ({str(err).splitlines()[0]})") from None
+    populora = config.get("populora") or {}
+    prompts = populora.get("prompts", "default")
+    if prompts not in PROMPT_SETS:
+        raise InputError(f"{path}: populora.prompts {prompts!r} is not one of {', '.join(PROMPT_SETS)}")
+    return prompts, "user" if populora.get("chat_template", True) else "raw"
+
+
 def load_chat_tokenizer(model: str | None):
     """The tokenizer whose chat template ``--render chat`` uses (a local HF directory or one of this package's
     model names)."""
@@ -205,8 +241,24 @@ def export(args: argparse.Namespace) -> int:
     task_types = parse_task_types(args.task_types)
     if args.limit is not None and args.limit < 1:
         raise InputError(f"--limit must be >= 1, got {args.limit}")
-    tokenizer = load_chat_tokenizer(args.model) if args.render == "chat" else None
+    if args.repeat_to is not None and args.repeat_to < 1:
+        raise InputError(f"--repeat-to must be >= 1, got {args.repeat_to}")
     tasks, source = read_tasks(args.seed_file, args.run)
+    if args.run is not None:
+        prompts, render = run_prompt_settings(args.run)
+        if args.prompts not in (None, prompts):
+            raise InputError(f"--prompts {args.prompts}: the run's solvers saw populora.prompts {prompts} "
+                             f"({Path(args.run) / 'config.yaml'}); leave --prompts out")
+        if args.render not in (None, render) and not (render == "user" and args.render == "chat"):
+            raise InputError(f"--render {args.render}: the run's solvers saw "
+                             f"{'chat-templated' if render == 'user' else 'raw'} prompts (populora.chat_template "
+                             f"{render == 'user'}); leave --render out")
+        args.prompts, args.render = prompts, args.render or render
+        args.keep_types = True if args.keep_types is None else args.keep_types
+    else:
+        args.prompts, args.render = args.prompts or "default", args.render or "user"
+        args.keep_types = bool(args.keep_types)
+    tokenizer = load_chat_tokenizer(args.model) if args.render == "chat" else None
     if not tasks:
         raise InputError(f"{source} holds no task")
     lines, skipped = dataset_lines(tasks, task_types, render=args.render, prompts=args.prompts, tokenizer=tokenizer,
@@ -214,14 +266,21 @@ def export(args: argparse.Namespace) -> int:
     if not lines:
         found = ", ".join(f"{t}: {n}" for t, n in sorted(Counter(t.task_type for t in tasks).items()))
         raise InputError(f"{source} has no task playable as {', '.join(task_types)} (it holds {found})")
+    distinct = len(lines)
+    if args.repeat_to is not None:
+        lines = repeat_to(lines, args.repeat_to)
+        if args.shuffle_seed is not None:
+            random.Random(args.shuffle_seed).shuffle(lines)
     write_jsonl(lines, args.out)
     counts = Counter(line[SOURCE_KEY] for line in lines)
     note = ""
     if skipped["image_tag"]:
         note = (f"; left out {skipped['image_tag']} whose prompt holds {IMAGE_TAG!r} (upstream's "
                 "--data.apply_chat_template would make it an image slot; --render chat keeps them)")
+    if len(lines) != distinct:
+        note += f" ({distinct} distinct, repeated to {len(lines)})"
     print(f"wrote {len(lines)} prompts ({', '.join(f'{t}: {n}' for t, n in sorted(counts.items()))}) from {source} "
-          f"to {args.out}{note}. Train with: --data.prompt_dataset {args.out} {TRAIN_FLAGS[args.render]} "
+          f"to {args.out} ({args.prompts} prompts, render {args.render}){note}. Train with: --data.prompt_dataset {args.out} {TRAIN_FLAGS[args.render]} "
           f"--reward.remote_url {reward_file_path()}", file=sys.stderr)
     return 0
 
@@ -237,13 +296,19 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--out", required=True, help="the JSONL to write ('-': stdout)")
     exp.add_argument("--task-types", default=",".join(TASK_TYPES),
                      help=f"comma list of task types to export (default: {','.join(TASK_TYPES)})")
-    exp.add_argument("--keep-types", action="store_true",
-                     help="export each triplet only as the type it was recorded with (default: as code_o and code_i)")
-    exp.add_argument("--prompts", default="default", choices=tuple(PROMPT_SETS),
-                     help="prompt templates, as the training config's populora.prompts")
-    exp.add_argument("--render", default="user", choices=RENDERS,
+    exp.add_argument("--keep-types", action=argparse.BooleanOptionalAction, default=None,
+                     help="export each triplet only as the type it was recorded with (default with --run, where "
+                          "that is the type its solvers answered; with --seed-file the default writes it as code_o "
+                          "and code_i)")
+    exp.add_argument("--prompts", default=None, choices=tuple(PROMPT_SETS),
+                     help="prompt templates, as the training config's populora.prompts (default: the run's; "
+                          "with --seed-file, default)")
+    exp.add_argument("--render", default=None, choices=RENDERS,
                      help="user: the user message (train with --data.apply_chat_template); chat: rendered with "
-                          "--model's chat template; raw: AZR's plain-text R1 conversation")
+                          "--model's chat template; raw: AZR's plain-text R1 conversation (default: as the run's "
+                          "populora.chat_template says; with --seed-file, user)")
+    exp.add_argument("--repeat-to", type=int, default=None, metavar="N",
+                     help="repeat the distinct lines as evenly as possible to N lines (one episode = N prompts)")
     exp.add_argument("--model", help="for --render chat: the model (local HF directory or this package's name)")
     exp.add_argument("--limit", type=int, default=None, help="keep the first N lines (after shuffling)")
     exp.add_argument("--shuffle-seed", type=int, default=None, help="shuffle the lines with this seed")

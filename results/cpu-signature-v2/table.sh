@@ -18,11 +18,16 @@
 # 160 in those 32) but not on this CPU.
 #
 # B2 is stock OpenRLHF (launch/stock_b2_cpu.sh: unmodified train_ppo_ray, a full fine-tune) on the tasks the
-# baseline trained on (its buffers), for as many samples as the baseline trained on: 40 steps x (8 proposals + 16
-# answers) = 960, i.e. 120 steps of 4 prompts x 2 samples. It peaked at 20.6 GB: run it alone. Its learning rate
-# is 1e-5, a tenth of the adapters' calibrated 1e-4 (results/lr-calibration): Thinking Machines' "LoRA Without
-# Regret" finds LoRA's best RL learning rate about 10x full fine-tuning's, so 1e-5 is B2's matched rate (the
-# launcher's default 1e-6 would handicap it).
+# baseline's solver drew (its buffers, each task as the type it answered it as, in the compact chat prompts it
+# saw), matched to the baseline's solver side: 40 steps of 8 prompts x 2 samples = 16 answers and one update a
+# step, as B1's 4 tasks x 2 types x 2 samples; one episode over the distinct tasks repeated evenly to 320 lines
+# (cli.tasks export --repeat-to; upstream shuffles them). B1 also trained its proposer (8 proposals a step),
+# which stock OpenRLHF has no role for. Same sampling (T 0.7, top-p 0.95, 192 new tokens), no KL, a constant
+# learning rate. Its learning rate is 1e-5, a tenth of the adapters' calibrated 1e-4 (results/lr-calibration):
+# Thinking Machines' "LoRA Without Regret" finds LoRA's best RL learning rate about 10x full fine-tuning's (a
+# heuristic here: B1's adapters are attention-only, rank 8, and B2's rate was not swept). It peaked at 20.6 GB:
+# run it alone. Upstream's REINFORCE++ whitens advantages over the whole batch; PopuLoRA's baseline within each
+# (role, task type) group, skipping groups whose rewards are all equal.
 # Both steps resume: the evaluation continues from its samples.jsonl, and stock OpenRLHF from its checkpoint.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -38,14 +43,12 @@ for arm in signature signature-baseline; do
 done
 
 if [[ " $STEP " == *" b2 "* ]]; then
-  b2=(env OUT="$RUNS/stock-b2-s$SEED" FROM_RUN="$RUNS/signature-baseline-s$SEED" MODEL=embedded-coder MAX_NEW_TOKENS=192 LR=1e-5)
+  b2=(env OUT="$RUNS/stock-b2-s$SEED" FROM_RUN="$RUNS/signature-baseline-s$SEED" MODEL=embedded-coder
+      MAX_NEW_TOKENS=192 LR=1e-5 SEED="$SEED" REPEAT_TO=320 ROLLOUT_BATCH=8 N_SAMPLES=2 TRAIN_BATCH=16 EPISODES=1)
   "${b2[@]}" STEPS=export bash launch/stock_b2_cpu.sh
-  tasks=$(wc -l < "$RUNS/stock-b2-s$SEED/code_tasks.jsonl")
   mkdir -p "$R/table" && cp "$RUNS/stock-b2-s$SEED/code_tasks.jsonl" "$R/table/b2-tasks.jsonl"  # small: committed
-  episodes=$(( (960 + 2 * tasks - 1) / (2 * tasks) ))  # passes over the tasks, 2 samples each: >= 960 samples
-  echo "B2: $tasks tasks x 2 samples x $episodes episodes"
   # sampling as the PopuLoRA runs sample (configs/signature.yaml), not upstream's defaults (T=1, top-p 1)
-  "${b2[@]}" EPISODES=$episodes STEPS=train bash launch/stock_b2_cpu.sh --ckpt.save_steps 5 --ckpt.load_enable \
+  "${b2[@]}" STEPS=train bash launch/stock_b2_cpu.sh --ckpt.save_steps 5 --ckpt.load_enable \
     --rollout.temperature 0.7 --rollout.top_p 0.95
 fi
 
