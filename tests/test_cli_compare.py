@@ -183,6 +183,7 @@ def test_different_task_types(runs, tmp_path, capsys):
     # config.yaml's populora.task_types is what counts when present
     (narrow / "config.yaml").write_text("populora:\n  mode: baseline\n  task_types: [code_o, code_i, code_f]\n")
     assert main([str(runs[0]), str(narrow)]) == 0
+    assert "no readable config.yaml in" in capsys.readouterr().err  # runs[0] has none: said, not silent
     same = write_synthetic_run(tmp_path / "same", mode="baseline", steps=12, seed=1)
     (same / "config.yaml").write_text("populora:\n  task_types: [code_o]\n")
     assert "different task types" in bad([runs[0], same], capsys)
@@ -203,3 +204,72 @@ def test_the_module_runs_as_a_command(runs, tmp_path):
                            str(runs[1])], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.strip() == f"error: run directory {tmp_path / 'nowhere'} does not exist"
+
+
+def test_seeds_must_be_different_runs_and_seeds(tmp_path, capsys):
+    # a seeded run repeats exactly on one machine: a run given twice, or two runs of one train.seed, are copies.
+    # Catches: counting them as independent seeds (the review's 6 "holds" from one seed per arm given twice).
+    root = tmp_path / "seeds"
+    pops = [write_synthetic_run(root / f"pop{i}", mode="population", steps=12, seed=10 + i) for i in range(2)]
+    bases = [write_synthetic_run(root / f"base{i}", mode="baseline", steps=12, seed=20 + i) for i in range(2)]
+    assert "is given twice" in bad(["--population", pops[0], pops[0], "--baseline", *bases], capsys)
+    for run in pops:
+        (run / "config.yaml").write_text(config_yaml("population") + "train:\n  seed: 7\n")
+    assert "have the same train.seed (7)" in bad(["--population", *pops, "--baseline", *bases], capsys)
+
+
+def test_seeds_that_agree_exactly_cannot_tell():
+    # Catches: a zero-width t interval from seeds whose statistic ties (small cell counts do), read as "holds".
+    from openrlhf_populora.metrics import signature_stats as st
+    from openrlhf_populora.metrics.signature import CANNOT_TELL, HOLDS, interval_verdict
+
+    tied = st.welch([3.0, 3.0, 3.0], [1.0, 1.0, 1.0])
+    assert interval_verdict("c", tied, +1, "difference").verdict == CANNOT_TELL
+    assert interval_verdict("c", st.seed_mean([0.5, 0.5, 0.5]), +1, "mean").verdict == CANNOT_TELL
+    assert interval_verdict("c", st.welch([3.0, 3.1, 2.9], [1.0, 1.0, 1.0]), +1, "difference").verdict == HOLDS
+
+
+def test_what_makes_seeds_incomparable_is_said(tmp_path, capsys):
+    # Catches: one run without config.yaml silencing every attribution warning (the reward-rule confound
+    # included); seeds of one arm at different settings; runs of different lengths averaged silently; a damaged
+    # problems.jsonl line never reported; a missing problems.jsonl read as "no valid program".
+    root = tmp_path / "seeds"
+    pops = [write_synthetic_run(root / f"pop{i}", mode="population", steps=12 + 3 * (i == 1), seed=10 + i)
+            for i in range(2)]
+    bases = [write_synthetic_run(root / f"base{i}", mode="baseline", steps=12, seed=20 + i) for i in range(2)]
+    for i, run in enumerate(pops):
+        (run / "config.yaml").write_text(config_yaml("population", lr=2e-5 * (1 + i)) + f"train:\n  seed: {i}\n")
+    (bases[0] / "config.yaml").write_text(config_yaml("baseline") + "train:\n  seed: 0\n")
+    with open(bases[1] / "problems.jsonl", "a") as handle:
+        handle.write('{"step": 5, "valid": tr\n')
+    out = tmp_path / "out"
+    assert main(["--population", *map(str, pops), "--baseline", *map(str, bases), "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "teacher reward rule: 'failure_rate' vs 'learnability'" in err  # base1 has no config: still compared
+    assert f"no readable config.yaml in {bases[1]}" in err
+    assert "the population's runs are not replicates of one setting: they differ in actor.adam.lr" in err
+    assert "different numbers of steps" in err and f"{pops[1]}: 15" in err
+    assert "not valid JSON, skipped" in err and "not valid JSON" in (out / "compare.md").read_text()
+    (bases[1] / "problems.jsonl").unlink()
+    assert "has no problems.jsonl" in bad(["--population", *pops, "--baseline", *bases], capsys)
+
+
+def test_against_the_reward_rule_control_the_collapse_claims_are_not_counted(runs, tmp_path, capsys):
+    # the control arm is the baseline on the failure-rate reward: the paper predicts the baseline's collapse
+    # (complexity falls, solve rate rises) for AZR's learnability reward only. Catches: counting those two
+    # verdicts in the control comparison's tally as if they were the signature.
+    (runs[0] / "config.yaml").write_text(config_yaml("population"))
+    (runs[1] / "config.yaml").write_text(config_yaml("baseline", reward="failure_rate"))
+    try:
+        assert main([str(runs[0]), str(runs[1]), "--out", str(tmp_path / "out")]) == 0
+        tally = capsys.readouterr().out.strip().splitlines()[-2]
+        assert tally.startswith("5 claims: ") and "reported, not counted" in tally, tally
+        assert "complexity/baseline_falls holds" in tally and "solve_rate/baseline_rises holds" in tally
+        data = json.loads((tmp_path / "out" / "compare.json").read_text())
+        assert set(data["not_predicted"]) == BASELINE_ONLY
+        (runs[1] / "config.yaml").write_text(config_yaml("baseline"))  # learnability: the paper's baseline
+        assert main([str(runs[0]), str(runs[1])]) == 0
+        assert "7 claims: " in capsys.readouterr().out
+    finally:
+        for run in runs:
+            (run / "config.yaml").unlink()

@@ -178,7 +178,11 @@ def _g(value: float | None) -> str:
 
 
 def interval_verdict(claim: str, interval: st.Interval, direction: int, what: str) -> Verdict:
-    """Holds when the interval lies above 0 (``direction`` +1) or below 0 (-1)."""
+    """Holds when the interval lies above 0 (``direction`` +1) or below 0 (-1); cannot tell when it is unbounded
+    (seeds that agree exactly)."""
+    if math.isinf(interval.lo) and math.isinf(interval.hi):
+        return Verdict(claim, CANNOT_TELL, f"{what} {_g(interval.estimate)}: {st.NO_SPREAD}", interval.estimate,
+                       interval.lo, interval.hi, interval.method)
     ok = interval.lo > 0 if direction > 0 else interval.hi < 0
     where = "above" if direction > 0 else "below"
     detail = f"{what} {_g(interval.estimate)} [{_g(interval.lo)}, {_g(interval.hi)}] {'' if ok else 'not '}{where} 0"
@@ -232,7 +236,8 @@ def oscillation_verdict(claim: str, first: Sequence[st.Oscillation], second: Seq
     significant = p_value < OSCILLATION_ALPHA
     detail = f"red-noise p {p_value:.3g} ({'<' if significant else '>='} {OSCILLATION_ALPHA}); {verdict.detail}"
     ok = significant and verdict.verdict == HOLDS
-    return Verdict(claim, HOLDS if ok else DOES_NOT_HOLD, detail, verdict.estimate, verdict.lo, verdict.hi,
+    status = HOLDS if ok else CANNOT_TELL if verdict.verdict == CANNOT_TELL else DOES_NOT_HOLD
+    return Verdict(claim, status, detail, verdict.estimate, verdict.lo, verdict.hi,
                    verdict.method)
 
 
@@ -420,6 +425,9 @@ class Comparison:
     series: tuple[list[ArmSeries], list[ArmSeries]]
     programs_compared: int
     verdicts: dict[str, Verdict] = field(default_factory=dict)
+    # claims reported but not counted: the paper does not predict them for these arms (the baseline's collapse,
+    # against a baseline on the failure-rate reward: the reward-rule control), and why
+    not_predicted: dict[str, str] = field(default_factory=dict)
 
     @property
     def seeds(self) -> tuple[int, int]:
@@ -436,7 +444,8 @@ class Comparison:
                 "seeds": {self.roles[0]: self.seeds[0], self.roles[1]: self.seeds[1]},
                 "programs_compared": self.programs_compared,
                 "arms": {self.roles[0]: arm(0), self.roles[1]: arm(1)},
-                "verdicts": {name: asdict(v) for name, v in self.verdicts.items()}}
+                "verdicts": {name: asdict(v) for name, v in self.verdicts.items()},
+                "not_predicted": dict(self.not_predicted)}
 
 
 def compare_runs(first: Sequence[RunData] | RunData, second: Sequence[RunData] | RunData,
@@ -549,8 +558,14 @@ def trends_table(c: Comparison) -> Table:
 
 
 def verdict_tally(c: Comparison) -> str:
-    counts = {v: sum(x.verdict == v for x in c.verdicts.values()) for v in VERDICTS}
-    return f"{len(c.verdicts)} claims: " + ", ".join(f"{n} {v}" for v, n in counts.items())
+    counted = {name: v for name, v in c.verdicts.items() if name not in c.not_predicted}
+    counts = {v: sum(x.verdict == v for x in counted.values()) for v in VERDICTS}
+    line = f"{len(counted)} claims: " + ", ".join(f"{n} {v}" for v, n in counts.items())
+    for why in dict.fromkeys(c.not_predicted.values()):  # each reason once, in order
+        names = [n for n, w in c.not_predicted.items() if w == why and n in c.verdicts]
+        line += (f"; reported, not counted ({why}): "
+                 + ", ".join(f"{name} {c.verdicts[name].verdict}" for name in names))
+    return line
 
 
 def comparison_tables(c: Comparison) -> list[Table]:

@@ -191,12 +191,18 @@ def difference_of_slopes(first: Trend, second: Trend) -> Interval:
     return Interval(estimate, estimate - half, estimate + half, "the two slopes' intervals combined")
 
 
+NO_SPREAD = "the seeds agree exactly, so their spread cannot measure the noise"
+
+
 def seed_mean(values: Sequence[float], level: float = CI_LEVEL) -> Interval:
     """The mean of per-seed values with a one-sample t interval (``k - 1`` df)."""
     values = np.asarray(values, dtype=float)
     k = len(values)
     mean = float(values.mean())
-    half = t_quantile(0.5 + level / 2, k - 1) * float(values.std(ddof=1)) / math.sqrt(k)
+    spread = float(values.std(ddof=1))
+    if spread == 0:  # seeds that agree exactly (small counts tie) leave no spread to measure the noise by
+        return Interval(mean, -math.inf, math.inf, f"t across {k} seeds: {NO_SPREAD}")
+    half = t_quantile(0.5 + level / 2, k - 1) * spread / math.sqrt(k)
     return Interval(mean, mean - half, mean + half, f"t across {k} seeds")
 
 
@@ -206,8 +212,8 @@ def welch(first: Sequence[float], second: Sequence[float], level: float = CI_LEV
     va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
     se = math.sqrt(va + vb)
     estimate = float(a.mean() - b.mean())
-    if se == 0:
-        return Interval(estimate, estimate, estimate, f"Welch t, {len(a)} vs {len(b)} seeds")
+    if se == 0:  # every seed of both arms agrees exactly: no spread to measure the noise by
+        return Interval(estimate, -math.inf, math.inf, f"Welch t, {len(a)} vs {len(b)} seeds: {NO_SPREAD}")
     df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
     half = t_quantile(0.5 + level / 2, df) * se
     return Interval(estimate, estimate - half, estimate + half, f"Welch t, {len(a)} vs {len(b)} seeds")
