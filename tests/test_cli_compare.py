@@ -98,6 +98,10 @@ def test_several_seeds_per_arm_are_tested_across_seeds(runs, tmp_path, capsys):
     assert main(argv) == 0
     stdout = capsys.readouterr().out
     assert "seeds: 3 population, 3 baseline (t tests across seeds)" in stdout
+    # which seed gave what (catches: only the mean and its interval printed)
+    per_seed = stdout[stdout.index("5. Per seed"):].splitlines()[2:8]
+    assert [line.split()[:3] for line in per_seed] == [
+        ["population", f"pop{i}", "20"] for i in range(3)] + [["baseline", f"base{i}", "20"] for i in range(3)]
     data = json.loads((tmp_path / "out" / "compare.json").read_text())
     assert [a["run"]["label"] for a in data["arms"]["population"]] == ["pop0", "pop1", "pop2"]
     rises = data["verdicts"]["complexity/population_rises"]

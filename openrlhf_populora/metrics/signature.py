@@ -568,8 +568,26 @@ def verdict_tally(c: Comparison) -> str:
     return line
 
 
+def seeds_table(c: Comparison) -> Table:
+    """What each run contributed to the seed-level tests: its own statistic per claim."""
+
+    def number(value: float | None, fmt: str = "+.3g") -> str:
+        return "–" if value is None else format(value, fmt)
+
+    rows = []
+    for role, infos, stats in zip(c.roles, c.runs, c.stats, strict=True):
+        for info, s in zip(infos, stats, strict=True):
+            rows.append([role, info.label, str(info.steps), number(s.composite.slope), number(s.solve_rate.slope),
+                         number(s.coverage.rarefied, ".3g"), number(s.coverage.last_third_new, ".3g"),
+                         number(s.oscillation.p_value, ".3g"), number(s.oscillation.index)])
+    return Table(f"5. Per seed: each run's own statistic (cells and new cells at {c.programs_compared} programs)",
+                 ["arm", "run", "steps", "complexity slope", "solve-rate slope", "cells", "new cells, last third",
+                  "oscillation p", "oscillation index"], rows)
+
+
 def comparison_tables(c: Comparison) -> list[Table]:
-    return [complexity_table(c), coverage_table(c), solve_rate_table(c), trends_table(c)]
+    tables = [complexity_table(c), coverage_table(c), solve_rate_table(c), trends_table(c)]
+    return tables if c.seeds == (1, 1) else [*tables, seeds_table(c)]
 
 
 def preamble(c: Comparison) -> list[str]:
