@@ -646,35 +646,41 @@ def comparison_figure(c: Comparison, smooth: int = 1):
         for i in range(2):
             for k, (series, stats) in enumerate(zip(c.series[i], c.stats[i], strict=True)):
                 draw_series(ax, series.steps, values(series), trend(stats), COLORS[i], smooth,
-                            f"{c.roles[i]} ({series.label})" if k < 3 else None)
+                            f"{c.roles[i]} ({series.label})", SEED_MARKERS[k % len(SEED_MARKERS)])
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("training step")
         ax.grid(alpha=0.3)
     ax = axes.flat[-1]
     for i in range(2):
-        for series in c.series[i]:
+        for k, series in enumerate(c.series[i]):
             cells = series.program_cells[np.argsort(series.program_steps, kind="stable")]
             first = np.zeros(len(cells), dtype=bool)
             first[np.unique(cells, return_index=True)[1]] = True
             seen = np.cumsum(first)
-            ax.plot(np.arange(1, len(cells) + 1), seen, color=COLORS[i], lw=1.4)
+            ax.plot(np.arange(1, len(cells) + 1), seen, color=COLORS[i], lw=1.4,
+                    marker=SEED_MARKERS[k % len(SEED_MARKERS)], markevery=max(1, len(cells) // 8), markersize=3)
     ax.axvline(c.programs_compared, color="0.5", ls=":", lw=1)
     ax.set_title("cells occupied vs valid programs", fontsize=10)
     ax.set_xlabel(f"valid programs (dotted: {c.programs_compared}, compared)")
     ax.grid(alpha=0.3)
     axes.flat[0].legend(fontsize=7, loc="best")
-    fig.suptitle(f"Signature: {c.roles[0]} (blue) vs {c.roles[1]} (black); dashed: OLS trend on raw values"
+    seeds = "" if c.seeds == (1, 1) else f" ({c.seeds[0]} vs {c.seeds[1]} seeds, one marker each)"
+    fig.suptitle(f"Signature: {c.roles[0]} (blue) vs {c.roles[1]} (black){seeds}; dashed: OLS trend on raw values"
                  + (f"; lines smoothed over {smooth} steps" if smooth > 1 else ""))
     return fig
 
 
+SEED_MARKERS = ("o", "s", "^", "D", "v", "P")  # one per run of an arm: seeds told apart in the figure
+
+
 def draw_series(ax, xs: np.ndarray, ys: np.ndarray, trend: st.Trend, color: str, smooth: int,
-                label: str | None) -> None:
+                label: str | None, marker: str | None = None) -> None:
     from openrlhf_populora.metrics.plots import smooth as moving_average
 
     keep = np.isfinite(ys)
     if not keep.any():
         return
-    ax.plot(xs[keep], moving_average(ys[keep], smooth), color=color, lw=1.4, label=label)
+    ax.plot(xs[keep], moving_average(ys[keep], smooth), color=color, lw=1.4, label=label, marker=marker,
+            markevery=max(1, int(keep.sum()) // 8), markersize=3)
     if trend.slope is not None:
         ax.plot(xs, trend.intercept + trend.slope * xs, color=color, lw=1.0, ls="--")
