@@ -12,7 +12,6 @@ engine's state, adapter files, ``run_meta.json``, ``config.yaml``, and the evalu
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -45,12 +44,14 @@ def fsync_tree(directory: str | Path) -> None:
 
 
 def replace_file(target: str | Path, write: Callable[[Path], None]) -> None:
-    """Call ``write(path)`` to fill a temporary file beside ``target``, then fsync it, rename it over ``target``
-    and fsync the directory. If ``write`` raises, the temporary file is removed and ``target`` is untouched."""
+    """Call ``write(path)`` to fill a temporary file beside ``target`` (``.<name>.tmp``: one name per target, so
+    what a killed process leaves is overwritten by the next write, and created by ``write`` with the usual
+    permissions), then fsync it, rename it over ``target`` and fsync the directory. If ``write`` raises, the
+    temporary file is removed and ``target`` is untouched. One writer per target at a time (the callers hold
+    the run's or the store's lock)."""
     target = Path(target)
-    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(name)
+    tmp = target.with_name(f".{target.name}.tmp")
+    tmp.unlink(missing_ok=True)
     try:
         write(tmp)
         fsync_file(tmp)

@@ -55,3 +55,16 @@ def test_run_meta_is_written_durably(tmp_path, monkeypatch):
     at = [i for i, event in enumerate(events) if event == ("replace", meta)]
     assert at and all(events[i - 1][0] == "fsync" and ".run_meta.json." in events[i - 1][1] for i in at)
     assert all(events[i + 1] == ("fsync", str(tmp_path)) for i in at)
+
+
+def test_the_file_gets_the_usual_permissions_and_a_killed_writers_leftover_is_reused(tmp_path):
+    # Catches: a private temporary file (mkstemp's 0600) renamed into place, making config.yaml, run_meta.json
+    # or the eval store owner-only on a shared machine; and leftovers of a killed writer piling up.
+    old = os.umask(0o022)
+    try:
+        (tmp_path / ".run_meta.json.tmp").write_text("half a file from a killed writer")
+        replace_text(tmp_path / "run_meta.json", "{}")
+        assert (tmp_path / "run_meta.json").stat().st_mode & 0o777 == 0o644
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["run_meta.json"]
+    finally:
+        os.umask(old)

@@ -120,9 +120,7 @@ class _JsonlAppender:
                     kept.append(line if line.endswith("\n") else line + "\n")
                 elif line.strip():
                     dropped += 1
-        tmp = self.path.with_suffix(self.path.suffix + ".tmp")
-        tmp.write_text("".join(kept), encoding="utf-8")
-        tmp.replace(self.path)
+        replace_text(self.path, "".join(kept))  # durably: a resume that rewrote it must not be undone by a crash
         return dropped
 
 
