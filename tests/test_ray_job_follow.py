@@ -85,9 +85,7 @@ def test_when_the_stream_ends_early_it_polls_to_the_end(cluster, capsys):
     # What runs after Ray's log stream ended while the job was still running: here the stream had shown the logs
     # up to the job's first line. Catches: returning while the job runs (the bug this script exists for), or
     # printing again what the stream showed
-    spec = importlib.util.spec_from_file_location("ray_job_follow", FOLLOW)
-    follow = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(follow)
+    follow = _module()
     client, job_id = _submit(cluster, LINES)
     deadline = time.monotonic() + 120
     while "line 0\n" not in (logs := client.get_job_logs(job_id)) and time.monotonic() < deadline:
@@ -97,3 +95,40 @@ def test_when_the_stream_ends_early_it_polls_to_the_end(cluster, capsys):
     status = follow.wait(client, job_id, printed=printed, poll_s=0.5)
     assert status.value == "SUCCEEDED"
     assert capsys.readouterr().out.splitlines() == EXPECTED[1:]
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("ray_job_follow", FOLLOW)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_stream_that_breaks_is_followed_by_polling(cluster, capsys, monkeypatch):
+    # Ray 2.55's log stream raises on an abnormal close (code 1006) instead of ending. Catches: the follower
+    # dying with it (exit 1 while the job runs: under sbatch, Ray stopped beneath the job). The break is
+    # simulated after the stream's first chunk; the job, the cluster and the polling are real.
+    from ray.job_submission import JobSubmissionClient
+
+    follow = _module()
+    real_tail = JobSubmissionClient.tail_job_logs
+
+    async def breaking_tail(self, job_id):
+        async for lines in real_tail(self, job_id):
+            yield lines
+            raise RuntimeError("WebSocket connection closed unexpectedly with close code 1006")
+
+    monkeypatch.setattr(JobSubmissionClient, "tail_job_logs", breaking_tail)
+    _, job_id = _submit(cluster, LINES)
+    assert follow.follow(cluster["dashboard"], job_id, poll_s=0.5) == 0
+    captured = capsys.readouterr()
+    assert [line for line in captured.out.splitlines() if line.startswith("line ")] == EXPECTED
+    assert "log stream broke" in captured.err and f"launch: job {job_id} SUCCEEDED" in captured.err
+
+
+def test_a_job_that_does_not_exist_is_unknown_not_failed(cluster):
+    # Catches: a wrong id (or a vanished dashboard) reported as a failed job (exit 1), or a traceback
+    done = _follow(cluster, "no-such-job-0000")
+    out, err = done.communicate(timeout=300)
+    assert done.returncode == 3, (out, err)
+    assert "cannot watch job no-such-job-0000" in err and "Traceback" not in err
