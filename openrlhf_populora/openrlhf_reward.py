@@ -202,7 +202,16 @@ def _task_from_label(label):
 
 # special tokens at the end of a decoded response: upstream decodes with skip_special_tokens=False and vLLM keeps
 # the EOS token (Qwen's <|im_end|>, <|endoftext|>; Llama's </s>), which PopuLoRA's engines never show the grader
-_TRAILING_SPECIAL = re.compile(r"(?:\s*(?:<\|[^|<>\s]{1,40}\|>|</s>))+\s*$")
+_SPECIAL_AT_END = re.compile(r"(?:<\|[^|<>\s]{1,40}\|>|</s>)\Z")
+
+
+def _strip_trailing_special(text: str) -> str:
+    """``text`` without the special tokens (and whitespace) that end it; linear in its length (a regex over the
+    whole run of them backtracks quadratically on a long whitespace tail)."""
+    stripped, found = text.rstrip(), False
+    while (match := _SPECIAL_AT_END.search(stripped)) is not None:
+        stripped, found = stripped[:match.start()].rstrip(), True
+    return stripped if found else text  # no special token: the text as it was, whitespace and all
 
 
 def _response_of(query, prompt) -> str:
@@ -221,7 +230,7 @@ def _response_of(query, prompt) -> str:
             at = query.rfind(tail)
             if at >= 0:
                 response = query[at + len(tail):]
-    return _TRAILING_SPECIAL.sub("", response)
+    return _strip_trailing_special(response)
 
 
 def _as_tensor(values: list[float]):

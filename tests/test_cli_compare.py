@@ -230,6 +230,9 @@ def test_seeds_that_agree_exactly_cannot_tell():
     tied = st.welch([3.0, 3.0, 3.0], [1.0, 1.0, 1.0])
     assert interval_verdict("c", tied, +1, "difference").verdict == CANNOT_TELL
     assert interval_verdict("c", st.seed_mean([0.5, 0.5, 0.5]), +1, "mean").verdict == CANNOT_TELL
+    # ties of non-dyadic floats (means over thinnings: 0.7) differ from each other's mean in the last bit
+    assert interval_verdict("c", st.welch([0.7] * 3, [0.1] * 3), +1, "difference").verdict == CANNOT_TELL
+    assert interval_verdict("c", st.seed_mean([0.1] * 3), +1, "mean").verdict == CANNOT_TELL
     assert interval_verdict("c", st.welch([3.0, 3.1, 2.9], [1.0, 1.0, 1.0]), +1, "difference").verdict == HOLDS
 
 
@@ -271,6 +274,11 @@ def test_against_the_reward_rule_control_the_collapse_claims_are_not_counted(run
         assert "complexity/baseline_falls holds" in tally and "solve_rate/baseline_rises holds" in tally
         data = json.loads((tmp_path / "out" / "compare.json").read_text())
         assert set(data["not_predicted"]) == BASELINE_ONLY
+        # the control's seeds, one of them without config.yaml: decided on the known ones
+        control = [runs[1], write_synthetic_run(tmp_path / "control2", mode="baseline", steps=30, seed=5)]
+        pops = [runs[0], write_synthetic_run(tmp_path / "pop2", mode="population", steps=30, seed=6)]
+        assert main(["--population", *map(str, pops), "--baseline", *map(str, control)]) == 0
+        assert "reported, not counted" in capsys.readouterr().out
         (runs[1] / "config.yaml").write_text(config_yaml("baseline"))  # learnability: the paper's baseline
         assert main([str(runs[0]), str(runs[1])]) == 0
         assert "7 claims: " in capsys.readouterr().out

@@ -54,8 +54,8 @@ def test_false_holds_stay_under_the_bound_on_every_null():
 def test_false_holds_stay_under_the_bound_with_three_seeds_per_arm():
     # the seed-level tests (t across seeds, Welch, Fisher) that the laptop experiment's three seeds per arm use
     # (about 6 s). Seen to fail with the t interval replaced by 1.96 x sd / k (13 false rises in 40 random walks).
-    # Catches: a broken seed-level statistic (n taken as steps, a zero-width interval from tied seeds, a one-
-    # sided p combined as two-sided) that the one-seed test above never runs.
+    # Catches: a broken seed-level statistic (n taken as steps, an interval too narrow) that the one-seed test
+    # above never runs. (Tied seeds cannot happen here, the slopes are continuous: test_cli_compare has them.)
     table = {(kind, n): false_holds(kind, n, seeds=3) for kind, n in (("random_walk", 40), ("same_signal", 40))}
     over = {f"{kind} n={n}: {claim}": count for (kind, n), counts in table.items()
             for claim, count in counts.items() if count > BOUND}

@@ -310,3 +310,13 @@ def test_a_sample_cut_by_limit_is_described_as_such():
     assert "HumanEval: the first 5 (in the benchmark's order, --limit) of its 164 problems: not a random sample" in md
     summary["limit"] = {}
     assert "MBPP: a fixed sample of 200 of its 500 problems, the 200 whose SHA-256" in markdown_table(summary)
+
+
+def test_a_pick_before_every_member_is_graded_says_provisional():
+    # the evaluation runs member by member: s3 and s4 done, s5 not started. Catches: "Best student s4" shown as
+    # final although s5 may beat it.
+    records = _records({"s3": {"humaneval": (2, 4)}, "s4": {"humaneval": (3, 4)}})
+    summary = summarize(records, {"population": ["s3", "s4", "s5"]}, ["humaneval"], totals={"humaneval": 4},
+                        roles={"s3": "student", "s4": "student", "s5": "student"})
+    best = next(r for r in summary["rows"] if r["kind"] == "best")
+    assert best["members"] == ["s4"] and "provisional: s5 not graded yet" in best["label"], best["label"]

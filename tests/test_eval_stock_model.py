@@ -240,7 +240,9 @@ def report_only(*argv: str) -> int:
 
 
 def recorded(out: Path) -> tuple[str, str]:
-    settings = json.loads((out / "settings.json").read_text())
+    """The templates the store is (or would be) opened with: results.json's settings (a --report-only run
+    writes no settings.json)."""
+    settings = json.loads((out / "results.json").read_text())["settings"]
     return settings["code_template"], settings["math_template"]
 
 

@@ -163,3 +163,11 @@ def test_settings_recorded_later_are_taken_with_a_warning_then_enforced(tmp_path
         ResultStore(tmp_path, {**SETTINGS, "dtype": "bf16"})
     with pytest.raises(ValueError, match="setting 'dtype' was 'bf16'"):
         ResultStore(tmp_path, {**SETTINGS, "dtype": "fp32"})
+
+
+def test_a_read_only_store_that_does_not_exist_creates_nothing(tmp_path):
+    # a --report-only into a typo'd or not yet started --out. Catches: settings.json written there, pinning this
+    # invocation's settings so that the real evaluation into that directory is later refused.
+    reader = ResultStore(tmp_path / "eval", SETTINGS, read_only=True)
+    assert reader.records() == [] and reader.settings == SETTINGS
+    assert not (tmp_path / "eval").exists()

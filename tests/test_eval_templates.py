@@ -18,6 +18,7 @@ from openrlhf_populora.eval.prompts import (
     model_has_chat_template,
     resolve_templates,
 )
+from openrlhf_populora.eval.store import ResultStore
 
 AUTO = {"code": "auto", "math": "auto"}
 
@@ -116,12 +117,15 @@ def fake_run(root: Path, model_dir: str, chat_template: bool | None, ids=("s0",)
 
 
 def recorded(out: Path) -> tuple[str, str]:
-    settings = json.loads((out / "settings.json").read_text())
+    """The templates the store is (or would be) opened with: results.json's settings (a --report-only run
+    writes no settings.json)."""
+    settings = json.loads((out / "results.json").read_text())["settings"]
     return settings["code_template"], settings["math_template"]
 
 
 def evaluate(*argv: str) -> int:
-    """The command line without generation (``--report-only``): templates resolved, settings.json written."""
+    """The command line without generation (``--report-only``): templates resolved, nothing written but the
+    report (results.json holds the settings)."""
     return main([*argv, "--base", "--limit", "1", "--report-only"])
 
 
@@ -177,6 +181,7 @@ def test_resuming_with_a_different_resolution_is_refused(tmp_path, model_dir, ca
     run = fake_run(tmp_path / "run", model_dir, True)
     assert evaluate("--run", str(run)) == 0
     assert recorded(run / "eval") == ("chat", "chat")
+    ResultStore(run / "eval", json.loads((run / "eval" / "results.json").read_text())["settings"])  # a store
     config = yaml.safe_load((run / "config.yaml").read_text())
     config["populora"]["chat_template"] = False  # the same --out, now resolving to azr
     (run / "config.yaml").write_text(yaml.safe_dump(config))

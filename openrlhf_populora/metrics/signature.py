@@ -66,7 +66,8 @@ METHOD = {
     "coverage": ("CVT cells of the valid programs, each arm rarefied (Hurlbert) or thinned to the smallest "
                  "arm's number of programs; 'last third': the last ceil(n/3) steps"),
     "multiplicity": ("the five complexity axes enter as one composite (mean of standardised axes); each "
-                     "claim tested at 5%, no family-wise correction"),
+                     "claim tested on its own (a two-sided 95% interval on the claimed side of 0: one-sided "
+                     "2.5%), no family-wise correction"),
     "seeds": "one seed per arm: per-run intervals; two or more each: t tests across seeds",
 }
 

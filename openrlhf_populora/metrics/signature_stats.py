@@ -194,13 +194,18 @@ def difference_of_slopes(first: Trend, second: Trend) -> Interval:
 NO_SPREAD = "the seeds agree exactly, so their spread cannot measure the noise"
 
 
+def _agree(values: np.ndarray) -> bool:
+    """All equal, up to float rounding (the mean of three equal 0.7s is not exactly 0.7)."""
+    return float(np.ptp(values)) <= 1e-12 * max(1.0, float(np.max(np.abs(values))))
+
+
 def seed_mean(values: Sequence[float], level: float = CI_LEVEL) -> Interval:
     """The mean of per-seed values with a one-sample t interval (``k - 1`` df)."""
     values = np.asarray(values, dtype=float)
     k = len(values)
     mean = float(values.mean())
     spread = float(values.std(ddof=1))
-    if spread == 0:  # seeds that agree exactly (small counts tie) leave no spread to measure the noise by
+    if _agree(values):  # seeds that agree exactly (small counts tie) leave no spread to measure the noise by
         return Interval(mean, -math.inf, math.inf, f"t across {k} seeds: {NO_SPREAD}")
     half = t_quantile(0.5 + level / 2, k - 1) * spread / math.sqrt(k)
     return Interval(mean, mean - half, mean + half, f"t across {k} seeds")
@@ -212,7 +217,7 @@ def welch(first: Sequence[float], second: Sequence[float], level: float = CI_LEV
     va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
     se = math.sqrt(va + vb)
     estimate = float(a.mean() - b.mean())
-    if se == 0:  # every seed of both arms agrees exactly: no spread to measure the noise by
+    if _agree(a) and _agree(b):  # every seed of each arm agrees exactly: no spread to measure the noise by
         return Interval(estimate, -math.inf, math.inf, f"Welch t, {len(a)} vs {len(b)} seeds: {NO_SPREAD}")
     df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
     half = t_quantile(0.5 + level / 2, df) * se
