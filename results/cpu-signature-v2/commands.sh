@@ -10,7 +10,8 @@
 # PARALLEL=2 on 2 cores. Every run checkpoints every step under runs/ and this script resumes each where it
 # stopped (--ckpt.load_enable), so running it again continues the experiment. runs/ is never committed and a
 # fresh machine does not have it, so the moment a run finishes its 40 steps its small files are copied here
-# (results/cpu-signature-v2/<arm>-s<seed>/), and a run whose files here already hold 40 steps and that has no
+# (results/cpu-signature-v2/<arm>-s<seed>/: its config, metrics, events, population, problems and task buffers,
+# which table.sh exports for stock OpenRLHF), and a run whose files here already hold 40 steps and that has no
 # directory under runs/ is done and is skipped (delete its files here to run it again).
 # Afterwards (the last block): the comparisons across seeds and the figures.
 set -euo pipefail
@@ -36,7 +37,7 @@ done
       --train.seed "$seed" --populora.total_steps 40 --ckpt.output_dir "$run" --ckpt.load_enable >> "$run.log" 2>&1
   then
     mkdir -p '"$R"'/$arm-s$seed
-    cp "$run"/{config.yaml,run_meta.json,metrics.jsonl,events.jsonl,population.json,problems.jsonl} \
+    cp "$run"/{config.yaml,run_meta.json,metrics.jsonl,events.jsonl,population.json,problems.jsonl,buffers.jsonl} \
       '"$R"'/$arm-s$seed/
     echo "$arm seed $seed: finished, files copied to '"$R"'/$arm-s$seed"
   else

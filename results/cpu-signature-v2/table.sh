@@ -35,15 +35,21 @@ RUNS=runs/cpu-signature-v2
 R=results/cpu-signature-v2
 STEP=${STEP:-b2 evaluate}
 SEED=${SEED:-1}
-# the trained adapters live only under runs/ (never committed): the seed's population and baseline must be there,
-# finished (commands.sh); on a machine without them, move the seed's files out of results/ and run commands.sh
-for arm in signature signature-baseline; do
-  [[ -d "$RUNS/$arm-s$SEED/adapters" ]] || { echo "table.sh: $RUNS/$arm-s$SEED/adapters is missing: run seed $SEED" \
-    "of $arm first (commands.sh; it skips a run whose files are in $R, so move them aside)" >&2; exit 2; }
-done
+# B2 trains on the baseline's committed task buffers ($R/signature-baseline-s$SEED/buffers.jsonl): any machine.
+# The evaluation reads the trained adapters, which live only under runs/ (never committed): the seed's population
+# and baseline must be there, finished (commands.sh); on a machine without them, move the seed's files out of
+# results/ and run commands.sh.
+if [[ " $STEP " == *" evaluate "* ]]; then
+  for arm in signature signature-baseline; do
+    [[ -d "$RUNS/$arm-s$SEED/adapters" ]] || { echo "table.sh: $RUNS/$arm-s$SEED/adapters is missing: run seed" \
+      "$SEED of $arm first (commands.sh; it skips a run whose files are in $R, so move them aside)" >&2; exit 2; }
+  done
+fi
 
 if [[ " $STEP " == *" b2 "* ]]; then
-  b2=(env OUT="$RUNS/stock-b2-s$SEED" FROM_RUN="$RUNS/signature-baseline-s$SEED" MODEL=embedded-coder
+  [[ -f "$R/signature-baseline-s$SEED/buffers.jsonl" ]] || { echo "table.sh: $R/signature-baseline-s$SEED/" \
+    "buffers.jsonl is missing: finish seed $SEED of the baseline first (commands.sh copies it there)" >&2; exit 2; }
+  b2=(env OUT="$RUNS/stock-b2-s$SEED" FROM_RUN="$R/signature-baseline-s$SEED" MODEL=embedded-coder
       MAX_NEW_TOKENS=192 LR=1e-5 SEED="$SEED" REPEAT_TO=320 ROLLOUT_BATCH=8 N_SAMPLES=2 TRAIN_BATCH=16 EPISODES=1)
   "${b2[@]}" STEPS=export bash launch/stock_b2_cpu.sh
   mkdir -p "$R/table" && cp "$RUNS/stock-b2-s$SEED/code_tasks.jsonl" "$R/table/b2-tasks.jsonl"  # small: committed
