@@ -13,7 +13,7 @@ schema, ``metrics/keys.py``). The seven claims and their statistics are in ``met
    averaged: one claim, not five correlated ones): the population's rises, the baseline's falls, and the
    difference of the two slopes lies above 0. Intervals: the wider of Newey-West (HAC) and red noise (AR(1)
    fitted to the residual); each axis's slope is reported.
-2. coverage: the CVT cells of the valid programs, both arms brought to the smaller arm's number of
+2. coverage: the CVT cells of the valid programs, every run brought to the smallest run's number of
    programs (rarefied, or thinned at random): the population covers more cells, and finds more new cells in
    the last third of its steps than the baseline in its own.
 3. solve rate: the population's oscillation beyond AR(1) red noise (surrogates) and larger than the

@@ -5,8 +5,9 @@ Seven claims, each with a verdict ``holds`` / ``does not hold`` / ``cannot tell`
 - ``complexity/population_rises``, ``complexity/baseline_falls``: the slope per step of the **composite
   complexity** (below) lies above 0 in the population and below 0 in the baseline;
 - ``complexity/population_minus_baseline``: the population's slope minus the baseline's lies above 0;
-- ``coverage/population_covers_more``: at an **equal number of programs** (both arms rarefied to the
-  smallest arm's count of valid programs), the population's programs occupy more CVT cells;
+- ``coverage/population_covers_more``: at an **equal number of programs** (every run rarefied to the
+  smallest run's count of valid programs: the smaller arm's with one seed each, the fewest of any single run
+  with several), the population's programs occupy more CVT cells;
 - ``coverage/population_still_adding_more``: with both arms thinned to that same number of programs, the
   population finds more new cells in the **last third** of its steps than the baseline does in its own;
 - ``solve_rate/population_oscillates_more``: the population's ``train/solve_rate`` oscillates beyond red
@@ -63,8 +64,8 @@ METHOD = {
     "oscillation": (f"largest sinusoid around a line (periods span/k, k = {st.MIN_CYCLES:g}, +0.5, ... n/2) over "
                     f"the residual's standard deviation; p against {st.SURROGATES} AR(1) red-noise surrogates; "
                     "index = log(statistic / red noise's median)"),
-    "coverage": ("CVT cells of the valid programs, each arm rarefied (Hurlbert) or thinned to the smallest "
-                 "arm's number of programs; 'last third': the last ceil(n/3) steps"),
+    "coverage": ("CVT cells of the valid programs, each run rarefied (Hurlbert) or thinned to the smallest "
+                 "run's number of programs; 'last third': the last ceil(n/3) steps"),
     "multiplicity": ("the five complexity axes enter as one composite (mean of standardised axes); each "
                      "claim tested on its own (a two-sided 95% interval on the claimed side of 0: one-sided "
                      "2.5%), no family-wise correction"),
