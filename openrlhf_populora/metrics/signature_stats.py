@@ -25,8 +25,9 @@ holds it in CI):
 - **Coverage** (``rarefied_cells``): the expected number of distinct cells among ``m`` programs drawn
   without replacement (Hurlbert's rarefaction, ``sum_i 1 - C(N - N_i, m) / C(N, m)``), so arms with
   different numbers of programs are compared at the smaller number.
-- **Several seeds**: per-seed statistics, then a t-test across seeds (``seed_mean``, ``welch``): exact
-  whatever the within-run autocorrelation, since seeds are independent runs.
+- **Several seeds**: per-seed statistics, then a t-test across seeds (``seed_mean``, ``welch``): valid
+  whatever the within-run autocorrelation, since seeds are independent runs, and exact when the per-seed
+  statistics are normal (small cell counts are not; seeds that tie exactly give no interval at all).
 """
 
 from __future__ import annotations
