@@ -320,3 +320,15 @@ def test_a_pick_before_every_member_is_graded_says_provisional():
                         roles={"s3": "student", "s4": "student", "s5": "student"})
     best = next(r for r in summary["rows"] if r["kind"] == "best")
     assert best["members"] == ["s4"] and "provisional: s5 not graded yet" in best["label"], best["label"]
+
+
+def test_the_pick_averages_within_each_kind_then_across_kinds():
+    # AZR's Overall: the mean of Code Avg and Math Avg. s3 passes both code benchmarks and fails the math one,
+    # s4 the reverse: both have Overall (1 + 0) / 2 = (0 + 1) / 2, a tie. Catches (mutation testing): ranking on
+    # the mean of all three benchmarks (s3 2/3 against s4 1/3) or on a per-kind sum instead of a mean.
+    records = _records({"s3": {"humaneval": (1, 1), "mbpp": (1, 1), "gsm8k": (0, 1)},
+                        "s4": {"humaneval": (0, 1), "mbpp": (0, 1), "gsm8k": (1, 1)}})
+    summary = summarize(records, {"population": ["s3", "s4"]}, ["humaneval", "mbpp", "gsm8k"],
+                        totals={"humaneval": 1, "mbpp": 1, "gsm8k": 1}, roles={"s3": "student", "s4": "student"})
+    best = next(r for r in summary["rows"] if r["kind"] == "best")
+    assert best["members"] == ["s3"] and "tied with s4" in best["label"], best["label"]
