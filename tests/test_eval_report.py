@@ -332,3 +332,16 @@ def test_the_pick_averages_within_each_kind_then_across_kinds():
                         totals={"humaneval": 1, "mbpp": 1, "gsm8k": 1}, roles={"s3": "student", "s4": "student"})
     best = next(r for r in summary["rows"] if r["kind"] == "best")
     assert best["members"] == ["s3"] and "tied with s4" in best["label"], best["label"]
+
+
+def test_each_model_is_paired_against_the_base_on_the_same_problems():
+    # base passes problems 0-4 of 10, s3 passes 2-8: s3 gains 5, 6, 7, 8 and loses 0, 1. McNemar's exact p is
+    # P(|X - 3| >= 1) for X ~ Binomial(6, 1/2) = 1 - P(X = 3) = 1 - 20/64 = 0.6875. Catches: gained and lost
+    # swapped, or the net difference of pass counts (7 - 5 = +2) reported as if paired.
+    records = [{"member": m, "benchmark": "humaneval", "problem_id": f"HumanEval/{i}", "passed": i in passing}
+               for m, passing in (("base", range(0, 5)), ("s3", range(2, 9))) for i in range(10)]
+    summary = summarize(records, {"base": ["base"], "population": ["s3"]}, ["humaneval"], totals={"humaneval": 10})
+    member = next(r for r in summary["rows"] if r["members"] == ["s3"] and r["kind"] == "member")
+    assert member["vs_base"] == {"gained": 4, "lost": 2, "problems": 10, "p": pytest.approx(0.6875)}
+    assert "vs_base" not in next(r for r in summary["rows"] if r["label"] == "Base model")
+    assert "+4 / -2 (p=0.69)" in markdown_table(summary)

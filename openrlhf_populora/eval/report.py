@@ -380,6 +380,11 @@ def summarize(
     for name in population:
         note = f", untrained: {untrained[name]}" if name in untrained else ""
         rows.append(row(f"{name} ({table[name]['role']}{note})", "population", "member", [name]))
+    base = list(groups.get("base", ()))
+    if len(base) == 1:  # each single model against the base model, on the problems both answered
+        for r in rows:
+            if len(r["members"]) == 1 and r["members"][0] != base[0]:
+                r["vs_base"] = paired_against(outcomes, r["members"][0], base[0], benchmarks)
     return {
         "metric": "greedy pass@1 (%)",
         "confidence": confidence,
@@ -393,6 +398,24 @@ def summarize(
         "members": table,
         "rows": rows,
     }
+
+
+def paired_against(outcomes: Mapping[str, Any], member: str, base: str,
+                   benchmarks: Sequence[str]) -> dict[str, Any]:
+    """``member`` against ``base`` on every problem of ``benchmarks`` both were graded on: how many it solves that
+    the base does not (``gained``) and the reverse (``lost``), and McNemar's exact two-sided p (a binomial test of
+    the discordant pairs). Overlapping intervals say little here: both answer the same problems."""
+    from scipy.stats import binomtest
+
+    gained = lost = shared = 0
+    for b in benchmarks:
+        mine, theirs = outcomes.get(member, {}).get(b, {}), outcomes.get(base, {}).get(b, {})
+        for problem in set(mine) & set(theirs):
+            shared += 1
+            gained += bool(mine[problem]) and not theirs[problem]
+            lost += bool(theirs[problem]) and not mine[problem]
+    p = float(binomtest(gained, gained + lost).pvalue) if gained + lost else 1.0
+    return {"gained": gained, "lost": lost, "problems": shared, "p": p}
 
 
 def _selection(records: Sequence[Mapping[str, Any]], select_on: Sequence[str], confidence: float,
@@ -464,6 +487,11 @@ def table_rows(summary: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
     column_n = _column_n(summary)
     header = ["Model", *(f"{title} (n={column_n[key]})" if column_n[key] else title for key, title in cols)]
     body = [[row["label"], *(_format(row, key, column_n[key] or None) for key, _ in cols)] for row in summary["rows"]]
+    if any(row.get("vs_base") for row in summary["rows"]):
+        header.append("vs base: +gained / -lost (McNemar p)")
+        for cells, row in zip(body, summary["rows"], strict=True):
+            paired = row.get("vs_base")
+            cells.append(f"+{paired['gained']} / -{paired['lost']} (p={paired['p']:.2g})" if paired else "")
     return header, body
 
 
@@ -485,6 +513,10 @@ def _notes(summary: Mapping[str, Any]) -> list[str]:
                 "math_avg": "Math Avg: the unweighted mean of the math benchmarks' pass@1 (AZR's MAvg)"}
         notes.append("; ".join(what[key] for key in present) + ", not pooled over problems. Overall: "
                      + ("the mean of the two (AZR's AVG)." if len(present) == 2 else "the same average."))
+    if any(row.get("vs_base") for row in summary["rows"]):
+        notes.append("vs base: on the problems both answered, how many the model solves that the base model does "
+                     "not (+) and the reverse (-), with McNemar's exact two-sided p: the paired test, since both "
+                     "answer the same problems (their intervals overlap even when one is better on many).")
     picks = [row for row in summary["rows"] if row.get("kind") in ("best", "worst")]
     selection = summary.get("selection") or {}
     if picks and selection.get("held_out"):
