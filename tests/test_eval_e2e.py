@@ -108,7 +108,7 @@ def test_evaluate_two_adapters_and_the_base_then_resume(run_dir, tiny_model_dir,
     labels = [row["label"] for row in results["rows"]]
     assert labels == ["Base model", "Population mean, students (1)", "Population mean, teachers (1)",
                       "Population mean, all members (2)",
-                      "Worst member t0 (picked on these benchmarks: pessimistic)",  # a tie: the first listed
+                      "Worst member t0 (picked on these benchmarks: pessimistic; tied with s0)",  # the first listed
                       "t0 (teacher)", "s0 (student)"]
     for name in ("results.md", "results.csv", "results.png", "settings.json"):
         assert (out / name).is_file()
