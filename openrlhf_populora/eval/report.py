@@ -235,13 +235,9 @@ def _ranking_scores(names: Sequence[str], outcomes: Mapping[str, Any],
     if not common:
         return None
 
-    def overall(name: str) -> Fraction:
-        kinds: dict[str, list[Fraction]] = {}
-        for b, ids in common.items():
-            passed = sum(bool(outcomes[name][b][p]) for p in ids)
-            kinds.setdefault(BENCHMARKS[b].kind, []).append(Fraction(passed, len(ids)))
-        per_kind = [sum(v, Fraction(0)) / len(v) for v in kinds.values()]
-        return sum(per_kind, Fraction(0)) / len(per_kind)
+    def overall(name: str) -> Fraction:  # the table's Overall (``averages``), on fractions
+        return averages({b: Fraction(sum(bool(outcomes[name][b][p]) for p in ids), len(ids))
+                         for b, ids in common.items()})["overall"]
 
     return {n: overall(n) for n in names}
 
@@ -311,22 +307,30 @@ def summarize(
         rows.append(row(stock_label(name), "stock", "member", [name]))
     population = list(groups.get("population", ()))
     trained = [n for n in population if n not in untrained and table[n]["overall"] is not None]
-    by_role = {key: [n for n in trained if table[n]["role"] in members_roles]
-               for key, members_roles in ROLE_GROUPS.items()}
+
+    def group_of(name: str) -> str:
+        """The role group a member is averaged and picked in: a key of ``ROLE_GROUPS``, else ``members``."""
+        return next((key for key, roles_in in ROLE_GROUPS.items() if table[name]["role"] in roles_in), "members")
+
+    by_role = {key: [n for n in trained if group_of(n) == key] for key in ROLE_GROUPS}
     for key, names in by_role.items():
         if names:
             rows.append(row(f"{POPULATION_MEAN_LABEL}, {key} ({len(names)})", "population", "mean", names))
     if trained and all(set(trained) != set(names) for names in by_role.values()):
         rows.append(row(f"{POPULATION_MEAN_LABEL}, all members ({len(trained)})", "population", "mean", trained))
     # members of no known role (bare --adapter directories) get a best of their own
-    by_role["members"] = [n for n in trained if not any(table[n]["role"] in r for r in ROLE_GROUPS.values())]
+    by_role["members"] = [n for n in trained if group_of(n) == "members"]
     selection = _selection(records, select_on, confidence, n_resamples)
     pick_benchmarks = select_on or list(benchmarks)
     pick_outcomes = _outcomes(records, select_on) if select_on else outcomes
     totals = dict(totals or {})
 
-    def picked_on(names: Sequence[str]) -> tuple[dict[str, Fraction], str]:
-        """Each member's score that picks a best or the worst, and how it was picked."""
+    # members to evaluate that have no graded sample yet: a best or worst picked without them may change
+    ungraded = [n for n in population if n not in untrained and table[n]["overall"] is None]
+
+    def picked_on(names: Sequence[str], key: str | None) -> tuple[dict[str, Fraction], str]:
+        """Each member's score that picks a best (among role group ``key``) or the worst (``key`` None: every
+        role), and how it was picked."""
         missing = [n for n in names if not any(pick_outcomes.get(n, {}).get(b) for b in pick_benchmarks)]
         if select_on and missing:
             raise ValueError(f"members {missing} have no graded sample on the selection benchmarks "
@@ -339,41 +343,25 @@ def summarize(
                else "picked on these benchmarks")
         partial = [n for n in names if any(len(pick_outcomes.get(n, {}).get(b, {})) < totals.get(b, 0)
                                            for b in pick_benchmarks)]
+        waiting = [n for n in ungraded if key is None or group_of(n) == key]
         if partial:  # ranked on the problems graded so far: the pick may change
             how += "; provisional: not every problem graded"
+        elif waiting:
+            how += f"; provisional: {', '.join(waiting)} not graded yet"
         return scores, how
 
     def label(title: str, name: str, tied: list[str], how: str) -> str:
         return f"{title} {name} ({how}" + (f"; tied with {', '.join(tied)})" if tied else ")")
 
-    # members to evaluate that have no graded sample yet: a best or worst picked without them may change
-    ungraded = [n for n in population if n not in untrained and table[n]["overall"] is None]
-
-    def in_group(name: str, key: str | None) -> bool:
-        """Whether ``name`` competes in ``key``'s pick (None: the worst member, every role)."""
-        if key is None:
-            return True
-        if key in ROLE_GROUPS:
-            return table[name]["role"] in ROLE_GROUPS[key]
-        return not any(table[name]["role"] in r for r in ROLE_GROUPS.values())
-
-    def unfinished(how: str, key: str | None) -> str:
-        waiting = [n for n in ungraded if in_group(n, key)]
-        if waiting and "provisional" not in how:
-            how += f"; provisional: {', '.join(waiting)} not graded yet"
-        return how
-
     for key, names in by_role.items():
         if len(names) < 2:
             continue
-        picked, how = picked_on(names)
-        how = unfinished(how, key)
+        picked, how = picked_on(names, key)
         best, tied = _pick(names, picked, best=True)
         rows.append(row(label(f"Best {ROLE_NOUNS[key]}", best, tied, how + ("" if select_on else ": optimistic")),
                         "population", "best", [best]))
     if len(trained) >= 2:  # the paper's floor: the weakest trained member, of any role
-        picked, how = picked_on(trained)
-        how = unfinished(how, None)
+        picked, how = picked_on(trained, None)
         worst, tied = _pick(trained, picked, best=False)
         rows.append(row(label("Worst member", worst, tied, how + ("" if select_on else ": pessimistic")),
                         "population", "worst", [worst]))
