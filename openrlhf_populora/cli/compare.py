@@ -155,6 +155,7 @@ def check_task_types(runs) -> None:
 
 # --- attribution: what else differs between the arms ---------------------------------------------------------
 
+RULE_KEY = "teacher reward rule"  # describe_arm's resolved rule (failure_rate or learnability)
 # what may differ between the arms without confounding the population: its shape (and what comes with it), the
 # run's own directory, loggers, seed, machine and threads
 SHAPE_KEYS = ("ckpt.", "logger.", "train.seed", "populora.mode", "populora.num_teachers", "populora.num_students",
@@ -175,7 +176,7 @@ def describe_arm(path: Path) -> tuple[str, dict[str, Any]]:
     shape = ("single agent (one adapter in both roles)" if p.mode == "baseline"
              else f"{p.num_teachers} teacher(s) x {p.num_students} student(s)")
     flat = _flatten(config.to_dict())
-    flat["teacher reward rule"] = p.teacher_reward_mode()
+    flat[RULE_KEY] = p.teacher_reward_mode()
     line = (f"{path}: reward rule {p.teacher_reward_mode()} (teacher_reward {p.teacher_reward}); {shape}; per adapter "
             f"and step: {p.proposals_per_teacher * types} proposals, {p.solver_tasks * p.solver_samples * types} "
             f"answers ({p.solver_tasks} tasks x {p.solver_samples} samples x {types} types), "
@@ -201,8 +202,10 @@ def confounds(first: list[dict[str, Any]], second: list[dict[str, Any]]) -> list
     return out
 
 
-def attribution(roles: tuple[str, str], groups: tuple[list, list]) -> tuple[list[str], list[str]]:
-    """Lines describing each arm, and warnings for every other difference between them."""
+def attribution(roles: tuple[str, str], groups: tuple[list, list]
+                ) -> tuple[list[str], list[str], tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
+    """Lines describing each arm, warnings for every other difference between them, and each run's settings
+    (``describe_arm``'s; {} when unknown)."""
     lines, flats = [], ([], [])
     for i, role in enumerate(roles):
         for run in groups[i]:
@@ -225,7 +228,7 @@ def attribution(roles: tuple[str, str], groups: tuple[list, list]) -> tuple[list
     if len(set(steps.values())) > 1:
         warnings.append("the runs have different numbers of steps (" + ", ".join(f"{p}: {n}" for p, n in
                         steps.items()) + "): their slopes and last thirds cover different spans")
-    return lines, warnings
+    return lines, warnings, flats
 
 
 # settings that differ between the seeds of one arm without making them different experiments
@@ -260,7 +263,8 @@ def check_seeds(groups: tuple[list, list]) -> None:
         seeds: dict[Any, Path] = {}
         for run in group:
             data = run_config(run.path) or {}
-            seed = (data.get("train") or {}).get("seed") if isinstance(data.get("train"), dict) else None
+            train = data.get("train")
+            seed = train.get("seed") if isinstance(train, dict) else None
             if seed is None:
                 continue
             if seed in seeds:
@@ -271,14 +275,6 @@ def check_seeds(groups: tuple[list, list]) -> None:
 
 # the claims about the baseline alone: AZR's collapse under its learnability reward
 BASELINE_CLAIMS = ("complexity/baseline_falls", "solve_rate/baseline_rises")
-
-
-def reward_rule(path: Path) -> str | None:
-    """The run's resolved teacher reward rule (``failure_rate`` or ``learnability``), or None when unknown."""
-    from openrlhf_populora.config import config_from_dict
-
-    data = run_config(path)
-    return None if data is None else config_from_dict(data).populora.teacher_reward_mode()
 
 
 def json_safe(value: Any) -> Any:
@@ -331,13 +327,13 @@ def main(argv: list[str] | None = None) -> int:
     from openrlhf_populora.metrics.signature import compare_runs, format_text
 
     roles = ANY_ROLES if args.allow_any else ROLES
-    header, warnings = attribution(roles, groups)
+    header, warnings, flats = attribution(roles, groups)
     warnings = [f"{run.label}: {w}" for run in (*groups[0], *groups[1]) for w in run.warnings] + warnings
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     comparison = compare_runs(groups[0], groups[1], roles=roles)
     if not args.allow_any:
-        rules = [reward_rule(run.path) for run in groups[1]]
+        rules = [flat.get(RULE_KEY) for flat in flats[1]]  # resolved by describe_arm; None when unknown
         known = {rule for rule in rules if rule is not None}
         if known and "learnability" not in known:
             why = (f"the paper predicts the baseline's collapse for AZR's learnability reward; this baseline's is "
