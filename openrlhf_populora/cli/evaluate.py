@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         settings.validate()
         identity = {**settings.identity(), "members": {m.name: member_digest(m) for m in members}}
-        generating = not args.report_only  # a report (or a regrade) generates nothing: the stored keys stand
+        generating = not args.report_only  # a report (--regrade included) generates nothing: the stored keys stand
         if generating:
             engine = args.engine
             if engine == "auto":

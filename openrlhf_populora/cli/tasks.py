@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import sys
 from collections import Counter
@@ -52,6 +51,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from openrlhf_populora.cli.errors import InputError, OneLineParser
+from openrlhf_populora.durable import replace_text
 from openrlhf_populora.tasks import COMPACT_TEMPLATES, DEFAULT_TEMPLATES, TASK_TYPES, Task, render_raw
 from openrlhf_populora.tasks import solver_prompt as make_solver_prompt
 from openrlhf_populora.tasks.records import TRIPLET_TYPES
@@ -227,13 +227,10 @@ def write_jsonl(lines: Sequence[dict], out: str) -> None:
         sys.stdout.write(text)
         return
     path = Path(out)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # written whole, then renamed over ``out``
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
+        replace_text(path, text)  # written whole, then renamed over ``out`` (a failed write leaves no temporary)
     except OSError as err:
-        tmp.unlink(missing_ok=True)
         raise InputError(f"cannot write {out}: {err}") from None
 
 
@@ -280,8 +277,8 @@ def export(args: argparse.Namespace) -> int:
     if len(lines) != distinct:
         note += f" ({distinct} distinct, repeated to {len(lines)})"
     print(f"wrote {len(lines)} prompts ({', '.join(f'{t}: {n}' for t, n in sorted(counts.items()))}) from {source} "
-          f"to {args.out} ({args.prompts} prompts, render {args.render}){note}. Train with: --data.prompt_dataset {args.out} {TRAIN_FLAGS[args.render]} "
-          f"--reward.remote_url {reward_file_path()}", file=sys.stderr)
+          f"to {args.out} ({args.prompts} prompts, render {args.render}){note}. Train with: --data.prompt_dataset "
+          f"{args.out} {TRAIN_FLAGS[args.render]} --reward.remote_url {reward_file_path()}", file=sys.stderr)
     return 0
 
 
