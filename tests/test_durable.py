@@ -4,19 +4,10 @@ import os
 from pathlib import Path
 
 import pytest
+from fs_events import record_fsync_and_replace
 
 from openrlhf_populora.durable import replace_file, replace_text
 from openrlhf_populora.metrics.tracker import Tracker
-
-
-def _record(monkeypatch):
-    """Record, in order, each fsync (the path it synced) and each replace (its destination)."""
-    events = []
-    real_fsync, real_replace = os.fsync, os.replace
-    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))),
-                                                 real_fsync(fd))[1])
-    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", str(b))), real_replace(a, b))[1])
-    return events
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
@@ -38,7 +29,7 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
 def test_the_new_bytes_are_fsynced_before_the_rename_and_the_directory_after(tmp_path, monkeypatch):
     # Catches: no fsync of the file before the rename (after a power loss, ext4 may hold the rename and an empty
     # file), or none of the directory after it (the rename itself may be lost).
-    events = _record(monkeypatch)
+    events = record_fsync_and_replace(monkeypatch)
     replace_text(tmp_path / "latest", "step_000003")
     assert [kind for kind, _ in events] == ["fsync", "replace", "fsync"]
     assert Path(events[0][1]).name.startswith(".latest.") and events[1][1] == str(tmp_path / "latest")
@@ -48,7 +39,7 @@ def test_the_new_bytes_are_fsynced_before_the_rename_and_the_directory_after(tmp
 
 def test_run_meta_is_written_durably(tmp_path, monkeypatch):
     # run_meta.json's sessions are the run's provenance. Catches: Tracker writing it with a bare rename, no fsync.
-    events = _record(monkeypatch)
+    events = record_fsync_and_replace(monkeypatch)
     with Tracker(tmp_path, meta={"label": "pop", "mode": "population"}):
         pass
     meta = str(tmp_path / "run_meta.json")

@@ -141,13 +141,11 @@ def test_keep_every_keeps_the_snapshots_beyond_max_num(tmp_path):
 
 def test_the_engine_state_is_fsynced_before_it_replaces_the_old_one(tmp_path, monkeypatch):
     """Catches: engines/local/state.py writing engine_state.pt without fsync (file, then directory)."""
+    from fs_events import record_fsync_and_replace
+
     from openrlhf_populora.engines.local.state import read_state, write_state
 
-    events = []
-    real_fsync, real_replace = os.fsync, os.replace
-    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))),
-                                                 real_fsync(fd))[1])
-    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", str(b))), real_replace(a, b))[1])
+    events = record_fsync_and_replace(monkeypatch)
     write_state(tmp_path, {"x": 1}, {"c": 2})
     kinds = [kind for kind, _ in events]
     assert kinds == ["fsync", "replace", "fsync"]
