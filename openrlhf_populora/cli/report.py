@@ -33,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "event files)")
     parser.add_argument("--out", type=Path, required=True, help="output directory for PNGs and summary.md")
     parser.add_argument("--smooth", type=int, default=1, help="trailing moving-average window in steps (1: raw)")
+    parser.add_argument("--ends", type=int, default=10, metavar="N",
+                        help="summary.md's 'first and last N steps' table: the mean of each run's first N and last N "
+                             "steps (default 10)")
     parser.add_argument("--labels", nargs="+", default=None, help="one label per run (default: directory names)")
     parser.add_argument("--dpi", type=int, default=110)
     parser.add_argument("--synthetic", action="store_true", help="report on two generated synthetic runs")
@@ -77,8 +80,8 @@ def check_run_dir(run_dir: Path) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.smooth < 1:
-        print("error: --smooth must be >= 1", file=sys.stderr)
+    if args.smooth < 1 or args.ends < 1:
+        print("error: --smooth and --ends must be >= 1", file=sys.stderr)
         return 2
     for run_dir in args.run_dirs:
         why = check_run_dir(run_dir)
@@ -106,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     from openrlhf_populora.metrics.report import render_report
 
     try:
-        result = render_report(run_dirs, args.out, smooth=args.smooth, labels=args.labels,
+        result = render_report(run_dirs, args.out, smooth=args.smooth, ends=args.ends, labels=args.labels,
                                progress=not args.quiet, dpi=args.dpi)
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -43,6 +43,9 @@ SUMMARY_KEYS = (
     + [complexity_key(a) for a in COMPLEXITY_AXES]
     + [coverage_key(n) for n in ("overall", "distinct_programs", "diversity")]
 )
+# the "first and last steps" table of summary.md: one row per run, so that nine runs still read as a table
+ENDS_KEYS = (train_key("format_rate"), train_key("validity"), train_key("solve_rate"),
+             complexity_key("ast_nodes"), coverage_key("overall"))
 
 
 @dataclass
@@ -76,13 +79,41 @@ def final_and_best(run: RunData, key: str, window: int) -> tuple[float | None, f
     return float(smoothed[-1]), float(np.max(smoothed))
 
 
+def first_and_last(run: RunData, key: str, n: int) -> tuple[float | None, float | None]:
+    """Means of the first ``n`` and the last ``n`` logged values of ``key`` (None when it was never logged).
+
+    A run shorter than ``2 n`` steps shares values between the two means.
+    """
+    _, ys = run.series(key)
+    if not len(ys):
+        return None, None
+    return float(np.mean(ys[:n])), float(np.mean(ys[-n:]))
+
+
 def _fmt(value: float | None) -> str:
     if value is None:
         return "–"
     return f"{value:.4g}"
 
 
-def write_summary(runs: Sequence[RunData], result: ReportResult, window: int) -> Path:
+def ends_table(runs: Sequence[RunData], n: int) -> list[str]:
+    """Markdown: per run, the mean of the first ``n`` and of the last ``n`` steps of each of ``ENDS_KEYS``."""
+    keys = [k for k in ENDS_KEYS if any(run.has(k) for run in runs)]
+    if not keys:
+        return []
+    lines = ["", f"## First and last {n} steps", "",
+             f"mean of the first {n} logged steps -> mean of the last {n}, per run.", "",
+             "| run | steps | " + " | ".join(f"`{k}`" for k in keys) + " |", "|---|---|" + "---|" * len(keys)]
+    for run in runs:
+        cells = []
+        for key in keys:
+            first, last = first_and_last(run, key, n)
+            cells.append("–" if first is None else f"{_fmt(first)} -> {_fmt(last)}")
+        lines.append(f"| {run.label} | {len(run.steps)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def write_summary(runs: Sequence[RunData], result: ReportResult, window: int, ends: int = 10) -> Path:
     lines = ["# Run report", ""]
     synthetic = [run.label for run in runs if run.synthetic]
     if synthetic:
@@ -109,6 +140,7 @@ def write_summary(runs: Sequence[RunData], result: ReportResult, window: int) ->
             lines.append(f"| `{key}` | " + " | ".join(cells) + " |")
     else:
         lines.append("No metric values found.")
+    lines += ends_table(runs, ends)
     lines += ["", "## Figures", ""]
     lines += [f"- `{name}` ({n} axes)" for name, n in result.figures.items()] or ["- none"]
     if result.skipped:
@@ -123,7 +155,8 @@ def write_summary(runs: Sequence[RunData], result: ReportResult, window: int) ->
 
 
 def render_report(run_dirs: Sequence[str | Path], out_dir: str | Path, smooth: int = 1,
-                  labels: Sequence[str] | None = None, progress: bool = False, dpi: int = 110) -> ReportResult:
+                  labels: Sequence[str] | None = None, progress: bool = False, dpi: int = 110,
+                  ends: int = 10) -> ReportResult:
     """Write the figures and ``summary.md`` for ``run_dirs`` into ``out_dir``.
 
     Raises ``ValueError`` for bad arguments (and for a directory holding several stock TensorBoard runs) and
@@ -137,6 +170,8 @@ def render_report(run_dirs: Sequence[str | Path], out_dir: str | Path, smooth: i
         raise ValueError("render_report needs at least one run directory")
     if isinstance(smooth, bool) or not isinstance(smooth, int) or smooth < 1:
         raise ValueError(f"smooth must be an int >= 1 (a window in steps), got {smooth!r}")
+    if isinstance(ends, bool) or not isinstance(ends, int) or ends < 1:
+        raise ValueError(f"ends must be an int >= 1 (steps at each end of a run), got {ends!r}")
     if labels is not None and len(labels) != len(run_dirs):
         raise ValueError(f"got {len(labels)} labels for {len(run_dirs)} run directories")
     from tqdm.auto import tqdm
@@ -181,7 +216,7 @@ def render_report(run_dirs: Sequence[str | Path], out_dir: str | Path, smooth: i
     jobs.append(("problems", lambda: plots.example_problems(runs)))
     for name, draw in tqdm(jobs, desc="figures", unit="fig", disable=not progress):
         save(name, draw)
-    result.summary = write_summary(runs, result, smooth)
+    result.summary = write_summary(runs, result, smooth, ends)
     if progress:
         for name, why in result.skipped.items():
             print(f"not rendered: {name}: {why}", file=sys.stderr)
