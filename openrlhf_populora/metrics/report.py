@@ -18,7 +18,13 @@ from pathlib import Path
 import numpy as np
 
 from openrlhf_populora.metrics import plots
-from openrlhf_populora.metrics.keys import COMPLEXITY_AXES, complexity_key, coverage_key, train_key
+from openrlhf_populora.metrics.keys import (
+    COMPLEXITY_AXES,
+    complexity_key,
+    coverage_key,
+    learning_key,
+    train_key,
+)
 from openrlhf_populora.metrics.runs import RunData, load_run
 from openrlhf_populora.metrics.stock_logs import is_stock_run, load_stock_run
 
@@ -45,7 +51,8 @@ SUMMARY_KEYS = (
 )
 # the "first and last steps" table of summary.md: one row per run, so that nine runs still read as a table
 ENDS_KEYS = (train_key("format_rate"), train_key("validity"), train_key("solve_rate"),
-             complexity_key("ast_nodes"), coverage_key("overall"))
+             complexity_key("ast_nodes"), coverage_key("overall"), learning_key("update_size"),
+             learning_key("probe_kl"))
 
 
 @dataclass
