@@ -10,12 +10,12 @@
 # One seed of each arm (evaluating every seed's members costs about 25 machine-minutes a model here: the base model took
 # 11 minutes on HumanEval and 13 on the MBPP sample, side by side on the 2 cores, 2026-12-05).
 #
-# The local engine (transformers + peft, bf16), not vLLM's CPU build: on the first 32 HumanEval problems with the
-# base model, both beside two training runs on the 2 cores, vLLM took 926 s to generate and local 970 s (the same
-# 28 passes; 31 of 32 completions identical), and at 64 problems in one batch vLLM had not finished after 1,800 s
-# (local: ~1,940 s by the 32's rate); vLLM also spends ~6 minutes warming up each engine here. Its continuous
-# batching saves the local engine's padding (a batch runs to its longest completion: 396 tokens against a mean of
-# 160 in those 32) but not on this CPU.
+# The local engine (transformers + peft, bf16), not vLLM's CPU build (measured 2026-12-05; those logs were not
+# kept): on the first 32 HumanEval problems with the base model, both beside two training runs on the 2 cores,
+# vLLM took 926 s to generate and local 970 s (the same 28 passes; 31 of 32 completions identical), and at 64
+# problems in one batch vLLM had not finished after 1,800 s (local: ~1,940 s by the 32's rate); vLLM also spends
+# ~6 minutes warming up each engine here. Its continuous batching saves the local engine's padding (a batch runs
+# to its longest completion: 396 tokens against a mean of 160 in those 32) but not on this CPU.
 #
 # B2 is stock OpenRLHF (launch/stock_b2_cpu.sh: unmodified train_ppo_ray, a full fine-tune) on the tasks the
 # baseline's solver drew (its buffers, each task as the type it answered it as, in the compact chat prompts it
@@ -35,6 +35,8 @@ RUNS=runs/cpu-signature-v2
 R=results/cpu-signature-v2
 STEP=${STEP:-b2 evaluate}
 SEED=${SEED:-1}
+TABLE=$R/table  # seed 1's, the README's; another seed's goes to table-s<seed>
+[[ "$SEED" == 1 ]] || TABLE=$R/table-s$SEED
 # B2 trains on the baseline's committed task buffers ($R/signature-baseline-s$SEED/buffers.jsonl): any machine.
 # The evaluation reads the trained adapters, which live only under runs/ (never committed): the seed's population
 # and baseline must be there, finished (commands.sh); on a machine without them, move the seed's files out of
@@ -52,24 +54,28 @@ if [[ " $STEP " == *" b2 "* ]]; then
   b2=(env OUT="$RUNS/stock-b2-s$SEED" FROM_RUN="$R/signature-baseline-s$SEED" MODEL=embedded-coder
       MAX_NEW_TOKENS=192 LR=1e-5 SEED="$SEED" REPEAT_TO=320 ROLLOUT_BATCH=8 N_SAMPLES=2 TRAIN_BATCH=16 EPISODES=1)
   "${b2[@]}" STEPS=export bash launch/stock_b2_cpu.sh
-  mkdir -p "$R/table" && cp "$RUNS/stock-b2-s$SEED/code_tasks.jsonl" "$R/table/b2-tasks.jsonl"  # small: committed
+  mkdir -p "$TABLE" && cp "$RUNS/stock-b2-s$SEED/code_tasks.jsonl" "$TABLE/b2-tasks.jsonl"  # small: committed
   # sampling as the PopuLoRA runs sample (configs/signature.yaml), not upstream's defaults (T=1, top-p 1)
   "${b2[@]}" STEPS=train bash launch/stock_b2_cpu.sh --ckpt.save_steps 5 --ckpt.load_enable \
     --rollout.temperature 0.7 --rollout.top_p 0.95
 fi
 
 if [[ " $STEP " == *" evaluate "* ]]; then
-  # the base model's samples are committed (eval-base/commands.sh): start the store from them. Its settings name
-  # the base model's converted path (~/.cache/openrlhf_populora/...): where that path differs the store refuses
-  # them (exit 2); delete $RUNS/eval-s$SEED and pass SKIP_BASE_SAMPLES=1 to evaluate the base model again.
+  # A new store starts from the committed samples: this seed's table where it has one (every graded completion;
+  # only new models are generated), else the base model's (eval-base/commands.sh). Their settings name the base
+  # model's converted path (~/.cache/openrlhf_populora/...): where that path differs the store refuses them
+  # (exit 2); delete $RUNS/eval-s$SEED and pass SKIP_BASE_SAMPLES=1 to evaluate everything again.
   if [[ ! -f "$RUNS/eval-s$SEED/samples.jsonl" && -z "${SKIP_BASE_SAMPLES:-}" ]]; then
+    from="$R/eval-base"
+    [[ -f "$TABLE/samples.jsonl" ]] && from="$TABLE"
     mkdir -p "$RUNS/eval-s$SEED"
-    cp "$R"/eval-base/{samples.jsonl,settings.json} "$RUNS/eval-s$SEED/"
+    cp "$from"/{samples.jsonl,settings.json} "$RUNS/eval-s$SEED/"
   fi
   OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} .venv/bin/python -m openrlhf_populora.cli.evaluate \
     --run "$RUNS/signature-s$SEED" --baseline "$RUNS/signature-baseline-s$SEED" --base \
     --model "stock-openrlhf=$RUNS/stock-b2-s$SEED/hf" \
     --benchmarks humaneval,mbpp --sample mbpp=200 --dtype bf16 --out "$RUNS/eval-s$SEED"
-  mkdir -p "$R/table"
-  cp "$RUNS"/eval-s$SEED/results.{md,csv,json,png} "$RUNS/eval-s$SEED/settings.json" "$R/table/"
+  mkdir -p "$TABLE"
+  # the table and every graded completion behind it (samples.jsonl: about 2 MB a seed)
+  cp "$RUNS"/eval-s$SEED/{results.md,results.csv,results.json,results.png,settings.json,samples.jsonl} "$TABLE/"
 fi
