@@ -44,6 +44,19 @@ def test_table_has_a_row_per_run_and_a_dash_for_a_missing_key(tmp_path):
     assert ends_table([b], 2)[-3].count("`") == 2  # only solve rate is a column when no run has format rate
 
 
+def test_the_learning_diagnostics_are_columns(tmp_path):
+    # the README quotes these per arm from this table: dropping one from ENDS_KEYS must fail here
+    keys = [train_key("validity"), "learning/update_size", "learning/probe_kl"]
+    run = load_run(write_run(tmp_path / "a", [{"step": s, **{k: s for k in keys}} for s in range(1, 4)]))
+    assert ends_table([run], 1)[-3] == "| run | steps | " + " | ".join(f"`{k}`" for k in keys) + " |"
+
+
+def test_cli_default_is_ten_steps(tmp_path):
+    run = write_run(tmp_path / "a", [{"step": s, SOLVE: s} for s in range(1, 31)])
+    assert report_main([str(run), "--out", str(tmp_path / "out"), "--quiet", "--dpi", "30"]) == 0
+    assert "| a | 30 | 5.5 -> 25.5 |" in (tmp_path / "out" / "summary.md").read_text()
+
+
 def test_cli_passes_ends_to_the_summary(tmp_path):
     run = write_run(tmp_path / "a", [{"step": s, SOLVE: s} for s in range(1, 7)])
     assert report_main([str(run), "--out", str(tmp_path / "out"), "--ends", "4", "--quiet", "--dpi", "30"]) == 0

@@ -1,4 +1,4 @@
-"""``python -m openrlhf_populora.cli.report RUN_DIR [RUN_DIR ...] --out DIR [--smooth N] [--retention STUDY_DIR]``
+"""``python -m openrlhf_populora.cli.report RUN_DIR [RUN_DIR ...] --out DIR [--smooth N] [--ends N] [--retention STUDY_DIR]``
 
 Draws the comparison figures (PNG) and ``summary.md`` for one or more run directories, e.g. a baseline
 and a population run. ``--synthetic`` writes two synthetic runs (baseline + population) under

@@ -109,7 +109,8 @@ def ends_table(runs: Sequence[RunData], n: int) -> list[str]:
     if not keys:
         return []
     lines = ["", f"## First and last {n} steps", "",
-             f"mean of the first {n} logged steps -> mean of the last {n}, per run.", "",
+             f"per run and metric: the mean of the first {n} steps that logged it -> the mean of the last {n} "
+             "(a metric logged every k steps spans about k times as many steps).", "",
              "| run | steps | " + " | ".join(f"`{k}`" for k in keys) + " |", "|---|---|" + "---|" * len(keys)]
     for run in runs:
         cells = []
