@@ -61,13 +61,18 @@ if [[ " $STEP " == *" b2 "* ]]; then
 fi
 
 if [[ " $STEP " == *" evaluate "* ]]; then
-  # A new store starts from the committed samples: this seed's table where it has one (every graded completion;
-  # only new models are generated), else the base model's (eval-base/commands.sh). Their settings name the base
-  # model's converted path (~/.cache/openrlhf_populora/...): where that path differs the store refuses them
-  # (exit 2); delete $RUNS/eval-s$SEED and pass SKIP_BASE_SAMPLES=1 to evaluate everything again.
-  if [[ ! -f "$RUNS/eval-s$SEED/samples.jsonl" && -z "${SKIP_BASE_SAMPLES:-}" ]]; then
+  # A new store starts from committed samples (SEED_STORE): "table", this seed's table where it has one (every
+  # graded completion; only new models are generated; the default), "base", the base model's alone
+  # (eval-base/commands.sh), or "none". The store refuses samples whose settings differ (exit 2): the base model's
+  # converted path (~/.cache/openrlhf_populora/...), or, from a table, an adapter's hash (a seed's runs do not
+  # repeat bit for bit on another machine). Then delete $RUNS/eval-s$SEED and pass SEED_STORE=base, or none.
+  SEED_STORE=${SEED_STORE:-table}
+  [[ -n "${SKIP_BASE_SAMPLES:-}" ]] && SEED_STORE=none  # its older name
+  [[ "$SEED_STORE" =~ ^(table|base|none)$ ]] || { echo "table.sh: SEED_STORE is table, base or none," \
+    "not '$SEED_STORE'" >&2; exit 2; }
+  if [[ ! -f "$RUNS/eval-s$SEED/samples.jsonl" && "$SEED_STORE" != none ]]; then
     from="$R/eval-base"
-    [[ -f "$TABLE/samples.jsonl" ]] && from="$TABLE"
+    [[ "$SEED_STORE" == table && -f "$TABLE/samples.jsonl" ]] && from="$TABLE"
     mkdir -p "$RUNS/eval-s$SEED"
     cp "$from"/{samples.jsonl,settings.json} "$RUNS/eval-s$SEED/"
   fi

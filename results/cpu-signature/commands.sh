@@ -16,7 +16,10 @@ population=$!
 .venv/bin/python -m openrlhf_populora.cli.train --config configs/signature-baseline.yaml --actor.adam.lr 2e-5 \
     --ckpt.output_dir "$RUNS/signature-baseline" > "$RUNS/signature-baseline.log" 2>&1 &
 baseline=$!
-wait "$population" && wait "$baseline"  # each run's status (a plain `wait` returns 0 whatever they did)
+status=0  # each run's status (a plain `wait` returns 0 whatever they did; `a && b` under set -e ignores a's)
+wait "$population" || status=$?
+wait "$baseline" || status=$?
+((status == 0)) || exit "$status"
 # after an interruption, the same two commands with --ckpt.load_enable added resume where the checkpoints left off
 
 # what is committed: each run's small result files, never its adapters or checkpoints

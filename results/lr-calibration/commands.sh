@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Learning-rate calibration on the 2T+2S signature preset (configs/signature.yaml): up to 10 steps at each of four
 # learning rates spanning 100x, side by side (one torch thread each on the 2-core machine), same seed and data.
-# The committed runs stopped after 2-7 steps (README.md says when and why). Four runs of ~6.5 GB do not fit in
-# 24 GB together: start three, and the fourth when one is stopped. Then the curves and the choice:
+# The committed runs stopped after 2-7 steps (README.md says when and why). This starts all four at once, as they
+# ran; four runs of ~6.5 GB do not fit in 24 GB (one was killed by the OOM killer and resumed): on such a machine
+# start three and the fourth when one stops. Then the curves and the choice:
 #   .venv/bin/python benchmarks/lr_sweep.py results/lr-calibration/lr*/ --out results/lr-calibration --window 2 --steps 5
 set -euo pipefail
 cd "$(dirname "$0")/../.."
