@@ -25,8 +25,9 @@
 # which stock OpenRLHF has no role for. Same sampling (T 0.7, top-p 0.95, 192 new tokens), no KL, a constant
 # learning rate. Its learning rate is 1e-5, a tenth of the adapters' calibrated 1e-4 (results/lr-calibration):
 # Thinking Machines' "LoRA Without Regret" finds LoRA's best RL learning rate about 10x full fine-tuning's (a
-# heuristic here: B1's adapters are attention-only, rank 8, and B2's rate was not swept). It peaked at 20.6 GB:
-# run it alone. Upstream's REINFORCE++ whitens advantages over the whole batch; PopuLoRA's baseline within each
+# heuristic here: B1's adapters are attention-only, rank 8, and B2's rate was not swept). At these settings the
+# machine's used memory peaked at 22.1 GB (free -m every 5 s) and the 40 steps took 2 h 05 min (2026-12-05): run it
+# alone. Upstream's REINFORCE++ whitens advantages over the whole batch; PopuLoRA's baseline within each
 # (role, task type) group, skipping groups whose rewards are all equal.
 # Both steps resume: the evaluation continues from its samples.jsonl, and stock OpenRLHF from its checkpoint.
 set -euo pipefail
@@ -58,6 +59,11 @@ if [[ " $STEP " == *" b2 "* ]]; then
   # sampling as the PopuLoRA runs sample (configs/signature.yaml), not upstream's defaults (T=1, top-p 1)
   "${b2[@]}" STEPS=train bash launch/stock_b2_cpu.sh --ckpt.save_steps 5 --ckpt.load_enable \
     --rollout.temperature 0.7 --rollout.top_p 0.95
+  # its training curves beside B1's (committed: the TensorBoard event file, ~100 KB, and the report); a B2 that
+  # was stopped and resumed has one event file per launch: keep those in one directory per launch to report them
+  mkdir -p "$R/stock-b2-s$SEED" && cp "$RUNS/stock-b2-s$SEED"/tensorboard/*/events.out.tfevents.* "$R/stock-b2-s$SEED/"
+  .venv/bin/python -m openrlhf_populora.cli.report "$R/signature-baseline-s$SEED" "$R/stock-b2-s$SEED" --quiet \
+    --labels "B1 (PopuLoRA baseline)" "B2 (stock OpenRLHF)" --out "$TABLE/b2-training"
 fi
 
 if [[ " $STEP " == *" evaluate "* ]]; then
