@@ -53,6 +53,7 @@ SUMMARY_KEYS = (
 ENDS_KEYS = (train_key("format_rate"), train_key("validity"), train_key("solve_rate"),
              complexity_key("ast_nodes"), coverage_key("overall"), learning_key("update_size"),
              learning_key("probe_kl"))
+ENDS_STEPS = 10  # its default window at each end
 
 
 @dataclass
@@ -121,7 +122,7 @@ def ends_table(runs: Sequence[RunData], n: int) -> list[str]:
     return lines
 
 
-def write_summary(runs: Sequence[RunData], result: ReportResult, window: int, ends: int = 10) -> Path:
+def write_summary(runs: Sequence[RunData], result: ReportResult, window: int, ends: int) -> Path:
     lines = ["# Run report", ""]
     synthetic = [run.label for run in runs if run.synthetic]
     if synthetic:
@@ -164,7 +165,7 @@ def write_summary(runs: Sequence[RunData], result: ReportResult, window: int, en
 
 def render_report(run_dirs: Sequence[str | Path], out_dir: str | Path, smooth: int = 1,
                   labels: Sequence[str] | None = None, progress: bool = False, dpi: int = 110,
-                  ends: int = 10) -> ReportResult:
+                  ends: int = ENDS_STEPS) -> ReportResult:
     """Write the figures and ``summary.md`` for ``run_dirs`` into ``out_dir``.
 
     Raises ``ValueError`` for bad arguments (and for a directory holding several stock TensorBoard runs) and
