@@ -29,6 +29,11 @@
 # machine's used memory peaked at 22.1 GB (free -m every 5 s) and the 40 steps took 2 h 05 min (2026-12-05): run it
 # alone. Upstream's REINFORCE++ whitens advantages over the whole batch; PopuLoRA's baseline within each
 # (role, task type) group, skipping groups whose rewards are all equal.
+# B2_LR (default 1e-5) sets B2's learning rate; a space-separated list trains (STEP=b2) or evaluates
+# (STEP=evaluate) one B2 per rate. A rate other than 1e-5 gets its own names, so that nothing resumes from or
+# overwrites another rate's: runs/.../stock-b2-lr<rate>-s<seed>, results/.../stock-b2-lr<rate>-s<seed>, the
+# report <table>/b2-lr<rate>-training and the table row stock-openrlhf-lr<rate>. The first B2 (lr 1e-5) collapsed
+# onto the game on the benchmarks (README): B2_LR=1e-6, stock_b2_cpu.sh's default, tells the rate from the method.
 # Both steps resume: the evaluation continues from its samples.jsonl, and stock OpenRLHF from its checkpoint.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -38,6 +43,9 @@ STEP=${STEP:-b2 evaluate}
 SEED=${SEED:-1}
 TABLE=$R/table  # seed 1's, the README's; another seed's goes to table-s<seed>
 [[ "$SEED" == 1 ]] || TABLE=$R/table-s$SEED
+read -ra B2_LRS <<< "${B2_LR:-1e-5}"
+((${#B2_LRS[@]})) || { echo "table.sh: B2_LR is empty" >&2; exit 2; }
+b2_tag() { [[ "$1" == 1e-5 ]] || echo "-lr$1"; }  # 1e-5 keeps the first B2's names
 # B2 trains on the baseline's committed task buffers ($R/signature-baseline-s$SEED/buffers.jsonl): any machine.
 # The evaluation reads the trained adapters, which live only under runs/ (never committed): the seed's population
 # and baseline must be there, finished (commands.sh); on a machine without them, move the seed's files out of
@@ -47,23 +55,34 @@ if [[ " $STEP " == *" evaluate "* ]]; then
     [[ -d "$RUNS/$arm-s$SEED/adapters" ]] || { echo "table.sh: $RUNS/$arm-s$SEED/adapters is missing: run seed" \
       "$SEED of $arm first (commands.sh; it skips a run whose files are in $R, so move them aside)" >&2; exit 2; }
   done
+  b2_models=()
+  for lr in "${B2_LRS[@]}"; do
+    tag=$(b2_tag "$lr")
+    [[ " $STEP " == *" b2 "* || -f "$RUNS/stock-b2$tag-s$SEED/hf/config.json" ]] || { echo "table.sh:" \
+      "$RUNS/stock-b2$tag-s$SEED/hf is missing: train B2 at lr $lr first (STEP=b2 B2_LR=$lr)" >&2; exit 2; }
+    b2_models+=(--model "stock-openrlhf$tag=$RUNS/stock-b2$tag-s$SEED/hf")
+  done
 fi
 
 if [[ " $STEP " == *" b2 "* ]]; then
   [[ -f "$R/signature-baseline-s$SEED/buffers.jsonl" ]] || { echo "table.sh: $R/signature-baseline-s$SEED/" \
     "buffers.jsonl is missing: finish seed $SEED of the baseline first (commands.sh copies it there)" >&2; exit 2; }
-  b2=(env OUT="$RUNS/stock-b2-s$SEED" FROM_RUN="$R/signature-baseline-s$SEED" MODEL=embedded-coder
-      MAX_NEW_TOKENS=192 LR=1e-5 SEED="$SEED" REPEAT_TO=320 ROLLOUT_BATCH=8 N_SAMPLES=2 TRAIN_BATCH=16 EPISODES=1)
-  "${b2[@]}" STEPS=export bash launch/stock_b2_cpu.sh
-  mkdir -p "$TABLE" && cp "$RUNS/stock-b2-s$SEED/code_tasks.jsonl" "$TABLE/b2-tasks.jsonl"  # small: committed
-  # sampling as the PopuLoRA runs sample (configs/signature.yaml), not upstream's defaults (T=1, top-p 1)
-  "${b2[@]}" STEPS=train bash launch/stock_b2_cpu.sh --ckpt.save_steps 5 --ckpt.load_enable \
-    --rollout.temperature 0.7 --rollout.top_p 0.95
-  # its training curves beside B1's (committed: the TensorBoard event file, ~100 KB, and the report); a B2 that
-  # was stopped and resumed has one event file per launch: keep those in one directory per launch to report them
-  mkdir -p "$R/stock-b2-s$SEED" && cp "$RUNS/stock-b2-s$SEED"/tensorboard/*/events.out.tfevents.* "$R/stock-b2-s$SEED/"
-  .venv/bin/python -m openrlhf_populora.cli.report "$R/signature-baseline-s$SEED" "$R/stock-b2-s$SEED" --quiet \
-    --labels "B1 (PopuLoRA baseline)" "B2 (stock OpenRLHF)" --out "$TABLE/b2-training"
+  for lr in "${B2_LRS[@]}"; do
+    tag=$(b2_tag "$lr")
+    b2=(env OUT="$RUNS/stock-b2$tag-s$SEED" FROM_RUN="$R/signature-baseline-s$SEED" MODEL=embedded-coder
+        MAX_NEW_TOKENS=192 LR="$lr" SEED="$SEED" REPEAT_TO=320 ROLLOUT_BATCH=8 N_SAMPLES=2 TRAIN_BATCH=16 EPISODES=1)
+    "${b2[@]}" STEPS=export bash launch/stock_b2_cpu.sh
+    mkdir -p "$TABLE" && cp "$RUNS/stock-b2$tag-s$SEED/code_tasks.jsonl" "$TABLE/b2-tasks.jsonl"  # small: committed
+    # sampling as the PopuLoRA runs sample (configs/signature.yaml), not upstream's defaults (T=1, top-p 1)
+    "${b2[@]}" STEPS=train bash launch/stock_b2_cpu.sh --ckpt.save_steps 5 --ckpt.load_enable \
+      --rollout.temperature 0.7 --rollout.top_p 0.95
+    # its training curves beside B1's (committed: the TensorBoard event file, ~100 KB, and the report); a B2 that
+    # was stopped and resumed has one event file per launch: keep those in one directory per launch to report them
+    mkdir -p "$R/stock-b2$tag-s$SEED"
+    cp "$RUNS/stock-b2$tag-s$SEED"/tensorboard/*/events.out.tfevents.* "$R/stock-b2$tag-s$SEED/"
+    .venv/bin/python -m openrlhf_populora.cli.report "$R/signature-baseline-s$SEED" "$R/stock-b2$tag-s$SEED" \
+      --quiet --labels "B1 (PopuLoRA baseline)" "B2 (stock OpenRLHF, lr $lr)" --out "$TABLE/b2$tag-training"
+  done
 fi
 
 if [[ " $STEP " == *" evaluate "* ]]; then
@@ -84,7 +103,7 @@ if [[ " $STEP " == *" evaluate "* ]]; then
   fi
   OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} .venv/bin/python -m openrlhf_populora.cli.evaluate \
     --run "$RUNS/signature-s$SEED" --baseline "$RUNS/signature-baseline-s$SEED" --base \
-    --model "stock-openrlhf=$RUNS/stock-b2-s$SEED/hf" \
+    "${b2_models[@]}" \
     --benchmarks humaneval,mbpp --sample mbpp=200 --dtype bf16 --out "$RUNS/eval-s$SEED"
   mkdir -p "$TABLE"
   # the table and every graded completion behind it (samples.jsonl: about 2 MB a seed)
