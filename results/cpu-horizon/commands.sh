@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The paper's timescale on the laptop: four arms x three seeds, 120 steps each, on Qwen2.5-Coder-0.5B-Instruct
+# (CPU), at the settings of the 40-step experiment (results/cpu-signature-v2):
+#   population  configs/signature.yaml                          2 teachers + 2 students, failure-rate reward
+#   baseline    configs/signature-baseline.yaml                 its compute-matched single agent, learnability
+#   control     configs/signature-baseline-failure-rate.yaml    the same single agent on the failure-rate reward
+#   1t1s        configs/signature-1t1s.yaml                     1 teacher + 1 student, failure-rate reward
+#
+# One code commit for every step of every run: the runs execute a clone of this repository checked out at
+# CODE_COMMIT (under runs/, never committed), so what lands on main while they run (refactors, other issues)
+# cannot change a step. run_meta.json records each start's and resume's commit all the same.
+#
+#   bash results/cpu-horizon/commands.sh          start or resume the runs, two at a time (PARALLEL), one thread each
+#   bash results/cpu-horizon/commands.sh sync     copy every run's small files, finished or not, into results/
+#
+# Every run checkpoints every step under runs/cpu-horizon/<arm>-s<seed> and resumes where it stopped
+# (--ckpt.load_enable), so running this again continues the experiment; a run whose files here hold STEPS steps
+# and that has no directory under runs/ is done and is skipped. runs/ is never committed: a machine without it
+# restarts an unfinished run from step 0 (at the same commit), which then replaces that run's files here.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$(pwd)
+CODE_COMMIT=${CODE_COMMIT:-71adf1718796c22b6233e6ddb57ee8353bbae8d0}
+STEPS=${STEPS:-120}
+OUT=runs/cpu-horizon
+R=results/cpu-horizon
+CODE=$OUT/code
+ARMS=(signature signature-baseline signature-baseline-failure-rate signature-1t1s)
+mkdir -p "$OUT"
+
+sync_files() {  # $1 = arm-s<seed>: its small files (never adapters or checkpoints), whatever step it is at
+  local run=$OUT/$1
+  [[ -f $run/metrics.jsonl ]] || return 0
+  mkdir -p "$R/$1"
+  for f in config.yaml run_meta.json metrics.jsonl events.jsonl population.json problems.jsonl buffers.jsonl; do
+    [[ -f $run/$f ]] && cp "$run/$f" "$R/$1/"
+  done
+  echo "$1: $(wc -l < "$run/metrics.jsonl") steps copied to $R/$1"
+}
+
+if [[ "${1:-}" == sync ]]; then
+  for seed in 1 2 3; do for arm in "${ARMS[@]}"; do sync_files "$arm-s$seed"; done; done
+  exit 0
+fi
+
+# the pinned code: a plain clone (its own .git, so provenance reads its commit even if this checkout is re-cloned)
+if [[ ! -d $CODE/.git ]]; then
+  git clone -q "$ROOT" "$CODE"
+fi
+git -C "$CODE" checkout -q "$CODE_COMMIT"
+[[ -z $(git -C "$CODE" status --porcelain --untracked-files=no) ]] || { echo "$CODE has local changes" >&2; exit 2; }
+
+jobs=()
+for seed in 1 2 3; do
+  for arm in "${ARMS[@]}"; do
+    if [[ ! -d "$OUT/$arm-s$seed" && -f "$R/$arm-s$seed/metrics.jsonl" \
+          && $(wc -l < "$R/$arm-s$seed/metrics.jsonl") -ge $STEPS ]]; then
+      echo "$arm seed $seed: done (its files are in $R/$arm-s$seed)"
+      continue
+    fi
+    jobs+=("$arm $seed")
+  done
+done
+export ROOT OUT R CODE STEPS
+export -f sync_files
+# the pinned clone's package first on the path (this checkout's .venv holds the dependencies), configs read there
+((${#jobs[@]})) && printf '%s\n' "${jobs[@]}" | xargs -P "${PARALLEL:-2}" -L 1 bash -c '
+  arm=$0 seed=$1 run=$ROOT/$OUT/$arm-s$seed
+  if (cd "$CODE" && OMP_NUM_THREADS=1 PYTHONPATH="$ROOT/$CODE" "$ROOT/.venv/bin/python" -m openrlhf_populora.cli.train \
+      --config "configs/$arm.yaml" --train.seed "$seed" --populora.total_steps "$STEPS" --ckpt.output_dir "$run" \
+      --ckpt.load_enable >> "$run.log" 2>&1)
+  then
+    sync_files "$arm-s$seed"
+    echo "$arm seed $seed: finished"
+  else
+    echo "$arm seed $seed stopped (status $?)"
+  fi'
+exit 0
