@@ -285,3 +285,57 @@ def test_against_the_reward_rule_control_the_collapse_claims_are_not_counted(run
     finally:
         for run in runs:
             (run / "config.yaml").unlink()
+
+
+def _cut_run(run, out, first, last):
+    """A copy of ``run`` whose files hold only steps ``first``..``last``: what ``--steps`` must be equivalent to."""
+    import shutil
+
+    from openrlhf_populora.metrics.keys import EVENTS_FILE, PROBLEMS_FILE
+
+    shutil.copytree(run, out)
+    for name in (METRICS_FILE, PROBLEMS_FILE, EVENTS_FILE):
+        lines = (run / name).read_text().splitlines() if (run / name).exists() else []
+        kept = [line for line in lines if first <= json.loads(line)["step"] <= last]
+        (out / name).write_text("".join(f"{line}\n" for line in kept))
+    return out
+
+
+def test_a_step_window_equals_runs_cut_to_those_steps(runs, tmp_path, capsys):
+    # --steps 11:24 must give exactly what runs whose files hold only steps 11..24 give: every number and verdict.
+    # Catches: an end left out (11:24 as 11..23), the window applied to metrics but not to the problems (the
+    # coverage claims would count the programs of steps 1-10 and 25-30), the flag parsed but not applied.
+    window, cut = tmp_path / "window", tmp_path / "cut"
+    assert main([str(runs[0]), str(runs[1]), "--steps", "11:24", "--out", str(window)]) == 0
+    stdout = capsys.readouterr().out
+    pop, base = _cut_run(runs[0], tmp_path / "pop", 11, 24), _cut_run(runs[1], tmp_path / "base", 11, 24)
+    assert main([str(pop), str(base), "--labels", "pop", "base", "--out", str(cut)]) == 0
+    capsys.readouterr()
+    windowed, whole = (json.loads((d / "compare.json").read_text()) for d in (window, cut))
+    assert windowed["verdicts"] == whole["verdicts"] and windowed["programs_compared"] == whole["programs_compared"]
+    for role in ("population", "baseline"):
+        (a,), (b,) = windowed["arms"][role], whole["arms"][role]
+        assert a["run"]["steps"] == 14 and (a["run"]["first_step"], a["run"]["last_step"]) == (11, 24)
+        assert {k: v for k, v in a.items() if k not in ("run", "label")} == \
+            {k: v for k, v in b.items() if k not in ("run", "label")}
+    assert "steps 11 to 24 of each run (--steps 11:24)" in stdout
+    # the whole runs differ from the window (so the equality above is not trivially true)
+    full = tmp_path / "full"
+    assert main([str(runs[0]), str(runs[1]), "--out", str(full)]) == 0
+    assert json.loads((full / "compare.json").read_text())["arms"]["population"][0]["composite"] != \
+        windowed["arms"]["population"][0]["composite"]
+
+
+def test_an_open_window_runs_to_the_end_and_bad_windows_are_refused(runs, tmp_path, capsys):
+    # Catches: 'A:' read as an empty window or as A..A; a reversed or malformed window accepted silently; a window
+    # with too few steps compared anyway.
+    out = tmp_path / "open"
+    assert main([str(runs[0]), str(runs[1]), "--steps", "21:", "--out", str(out)]) == 0
+    arm = json.loads((out / "compare.json").read_text())["arms"]["population"][0]["run"]
+    assert (arm["first_step"], arm["last_step"], arm["steps"]) == (21, 30, 10)
+    assert "steps 21 to the end of each run (--steps 21:)" in capsys.readouterr().out
+    assert "--steps '24:11'" in bad([runs[0], runs[1], "--steps", "24:11"], capsys)
+    assert "expected A:B" in bad([runs[0], runs[1], "--steps", "11-24"], capsys)
+    assert "expected A:B" in bad([runs[0], runs[1], "--steps", "a:b"], capsys)
+    assert "steps start at 1" in bad([runs[0], runs[1], "--steps", "0:5"], capsys)
+    assert "2 step(s) in metrics.jsonl within --steps 29:30" in bad([runs[0], runs[1], "--steps", "29:30"], capsys)

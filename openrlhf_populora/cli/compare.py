@@ -1,5 +1,5 @@
 """``python -m openrlhf_populora.cli.compare POP_RUN BASELINE_RUN [--out DIR] [--smooth N] [--labels A B] [--allow-any]``
-``python -m openrlhf_populora.cli.compare --population P1 P2 P3 --baseline B1 B2 B3 [--out DIR] ...``
+``python -m openrlhf_populora.cli.compare --population P1 P2 P3 --baseline B1 B2 B3 [--out DIR] [--steps A:B] ...``
 
 Prints the paper's signature (Figs 3, 4, 9, 11) for population runs against baseline runs, side by side, with
 a verdict per claim: ``holds``, ``does not hold``, ``cannot tell`` (one run too persistent to tell a trend
@@ -32,6 +32,11 @@ Several seeds per arm: each run must be a different directory and, within an arm
 (a seeded run repeats exactly on one machine: copies are not seeds); seeds whose statistic agrees exactly give
 "cannot tell" (no spread to measure the noise by), not a zero-width interval; and a warning names runs without
 a readable ``config.yaml``, seeds of one arm at different settings, and runs of different lengths.
+
+``--steps A:B`` compares steps A to B of every run (both included; ``A:`` runs to each run's end), as if the runs
+held only those steps: slopes, oscillation and coverage are measured on the window alone (a program counts as
+new in it when the window had not seen it before, whatever earlier steps proposed). Windows of a long run
+(``1:40``, ``41:80``, ``81:``) tell whether a claim holds early, late or throughout.
 
 ``--out DIR`` writes ``compare.md`` (the tables in Markdown), ``compare.json`` (every number and verdict;
 verdict ids are fixed, e.g. ``complexity/population_rises``) and ``compare.png`` (the series with their
@@ -71,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--smooth", type=int, default=1, help="trailing moving-average window for the figure")
     parser.add_argument("--labels", nargs="+", metavar="LABEL", default=None,
                         help="one label per run, population's first (default: each run's own)")
+    parser.add_argument("--steps", type=str, default=None, metavar="A:B",
+                        help="compare steps A to B only (both included; 'A:' to the end)")
     parser.add_argument("--allow-any", action="store_true",
                         help="compare any runs (e.g. two populations); roles are then A and B")
     return parser
@@ -93,7 +100,21 @@ def run_groups(args) -> tuple[list[Path], list[Path]]:
     return [args.runs[0]], [args.runs[1]]
 
 
-def load(path: Path, label: str | None):
+def step_window(text: str) -> tuple[int, int | None]:
+    """``--steps``'s ``A:B`` (or ``A:``) as ``(A, B or None)``."""
+    first, sep, last = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        window = int(first), (int(last) if last.strip() else None)
+    except ValueError:
+        raise InputError(f"--steps {text!r}: expected A:B or A: with whole step numbers, e.g. 41:80") from None
+    if window[0] < 1 or (window[1] is not None and window[1] < window[0]):
+        raise InputError(f"--steps {text!r}: steps start at 1 and B must not come before A")
+    return window
+
+
+def load(path: Path, label: str | None, window: tuple[int, int | None] | None = None):
     from openrlhf_populora.metrics.runs import load_run
 
     if not path.is_dir():
@@ -103,10 +124,13 @@ def load(path: Path, label: str | None):
     if not (path / PROBLEMS_FILE).is_file():
         raise InputError(f"{path} has no {PROBLEMS_FILE}: the coverage and complexity claims read its programs")
     run = load_run(path, label=label)
-    if len(run.steps) < MIN_STEPS:
-        raise InputError(f"{path} has {len(run.steps)} step(s) in {METRICS_FILE}; "
-                         f"the comparison needs at least {MIN_STEPS}")
     run.problems()  # read now, so that its warnings (a damaged line, say) are printed with the others
+    if window is not None:
+        run = run.between(*window)
+    if len(run.steps) < MIN_STEPS:
+        where = "" if window is None else f" within --steps {window[0]}:{window[1] or ''}"
+        raise InputError(f"{path} has {len(run.steps)} step(s) in {METRICS_FILE}{where}; "
+                         f"the comparison needs at least {MIN_STEPS}")
     return run
 
 
@@ -313,7 +337,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.labels is not None and len(args.labels) != count:
             raise InputError(f"--labels: got {len(args.labels)} label(s) for {count} runs")
         labels = iter(args.labels or [None] * count)
-        groups = ([load(p, next(labels)) for p in paths[0]], [load(p, next(labels)) for p in paths[1]])
+        window = step_window(args.steps) if args.steps is not None else None
+        groups = ([load(p, next(labels), window) for p in paths[0]],
+                  [load(p, next(labels), window) for p in paths[1]])
         if not args.allow_any:
             for first in groups[0]:
                 for second in groups[1]:
@@ -328,6 +354,9 @@ def main(argv: list[str] | None = None) -> int:
 
     roles = ANY_ROLES if args.allow_any else ROLES
     header, warnings, flats = attribution(roles, groups)
+    if window is not None:
+        header.insert(0, f"steps {window[0]} to {window[1] if window[1] is not None else 'the end'} of each run "
+                         f"(--steps {args.steps})")
     warnings = [f"{run.label}: {w}" for run in (*groups[0], *groups[1]) for w in run.warnings] + warnings
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)

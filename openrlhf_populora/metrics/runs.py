@@ -174,6 +174,18 @@ class RunData:
             self._problems = read_jsonl(self.path / PROBLEMS_FILE, self.warnings)
         return self._problems
 
+    def between(self, first: int, last: int | None = None) -> RunData:
+        """The run as if it held only steps ``first``..``last`` (both included; ``last`` None: to its end): its
+        metrics, events and problems of those steps. What a statistic reads from it (a slope, the programs'
+        cells, which of them are new) then sees that window alone, as it would see a run of those steps."""
+        def inside(step: int) -> bool:
+            return step >= first and (last is None or step <= last)
+
+        return RunData(path=self.path, label=self.label, mode=self.mode,
+                       records={s: r for s, r in self.records.items() if inside(s)},
+                       events=[e for e in self.events if inside(e[STEP])], warnings=self.warnings,
+                       synthetic=self.synthetic, _problems=[p for p in self.problems() if inside(p[STEP])])
+
 
 def _mode_from_config(path: Path) -> str | None:
     config = path / "config.yaml"
