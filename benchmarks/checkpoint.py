@@ -4,7 +4,7 @@
 Builds the run's real state: the engine with its four adapters, each after one AdamW update (so every Adam state
 exists, as after step 1), the population, ratings, the seeded buffers and the coverage archive; then times
 ``save_checkpoint`` of it (``SelfPlay.save_state``: write, fsync every file and directory, publish, prune) ``--repeat``
-times and prints the median against the README's measured step time (85-104 s on 2 cores).
+times and prints the median against docs/usage.md's measured step time (85-104 s on 2 cores).
 
     .venv/bin/python benchmarks/checkpoint.py [--model embedded-coder] [--repeat 7]
 """

@@ -45,7 +45,7 @@ def test_table_has_a_row_per_run_and_a_dash_for_a_missing_key(tmp_path):
 
 
 def test_the_learning_diagnostics_are_columns(tmp_path):
-    # the README quotes these per arm from this table: dropping one from ENDS_KEYS must fail here
+    # results/cpu-signature-v2/README.md quotes these per arm from this table: dropping one from ENDS_KEYS must fail here
     keys = [train_key("validity"), "learning/update_size", "learning/probe_kl"]
     run = load_run(write_run(tmp_path / "a", [{"step": s, **{k: s for k in keys}} for s in range(1, 4)]))
     assert ends_table([run], 1)[-3] == "| run | steps | " + " | ".join(f"`{k}`" for k in keys) + " |"

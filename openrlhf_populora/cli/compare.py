@@ -20,8 +20,8 @@ schema, ``metrics/keys.py``). The seven claims and their statistics are in ``met
    baseline's (a difference with its interval); the baseline's slope rises.
 
 Each claim is tested on its own: a directional claim holds when its two-sided 95% interval lies on the
-claimed side of 0, a one-sided test at 2.5% (calibrated by ``benchmarks/compare_calibration.py``; the README
-has its table). Before the tables it prints each arm's reward rule, population shape and per-adapter budget
+claimed side of 0, a one-sided test at 2.5% (calibrated by ``benchmarks/compare_calibration.py``;
+``results/compare-calibration`` has its table). Before the tables it prints each arm's reward rule, population shape and per-adapter budget
 (from each run's ``config.yaml``) and a warning when the arms differ in more than the population's shape: then a
 difference may come from that instead (e.g. the failure-rate reward against AZR's learnability reward: run
 ``configs/signature-baseline-failure-rate.yaml`` to take it out). Against such a control (a baseline on the

@@ -202,7 +202,7 @@ PLANTED = "planted"
 BASELINE_PROGRAMS = 6  # valid programs a step (the committed CPU baseline made 5.4)
 POPULATION_TEACHERS = 2
 CELL_SCALE = 3.0
-# the planted signature, in units of the noise's standard deviation (README, "calibration")
+# the planted signature, in units of the noise's standard deviation (results/compare-calibration/README.md)
 PLANTED_CHANGE = 3.0  # complexity: total change over the run (population up, baseline down)
 PLANTED_AMPLITUDE = 2.0  # solve-rate oscillation amplitude, period n / 4
 PLANTED_CELL_RATIO = 1.5  # population cell scale / baseline's (coverage at equal programs)

@@ -33,7 +33,7 @@
 # (STEP=evaluate) one B2 per rate. A rate other than 1e-5 gets its own names, so that nothing resumes from or
 # overwrites another rate's: runs/.../stock-b2-lr<rate>-s<seed>, results/.../stock-b2-lr<rate>-s<seed>, the
 # report <table>/b2-lr<rate>-training and the table row stock-openrlhf-lr<rate>. The first B2 (lr 1e-5) collapsed
-# onto the game on the benchmarks (README): B2_LR=1e-6, stock_b2_cpu.sh's default, tells the rate from the method.
+# onto the game on the benchmarks (README.md here): B2_LR=1e-6, stock_b2_cpu.sh's default, tells the rate from the method.
 # Both steps resume: the evaluation continues from its samples.jsonl, and stock OpenRLHF from its checkpoint.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -41,7 +41,7 @@ RUNS=runs/cpu-signature-v2
 R=results/cpu-signature-v2
 STEP=${STEP:-b2 evaluate}
 SEED=${SEED:-1}
-TABLE=$R/table  # seed 1's, the README's; another seed's goes to table-s<seed>
+TABLE=$R/table  # seed 1's, the one README.md here quotes; another seed's goes to table-s<seed>
 [[ "$SEED" == 1 ]] || TABLE=$R/table-s$SEED
 read -ra B2_LRS <<< "${B2_LR:-1e-5}"
 ((${#B2_LRS[@]})) || { echo "table.sh: B2_LR is empty" >&2; exit 2; }
