@@ -3,12 +3,12 @@
     .venv/bin/python benchmarks/compare_calibration.py                    # 200 draws a cell, 2 workers
     .venv/bin/python benchmarks/compare_calibration.py --draws 500 --workers 1 --json calibration.json
 
-For every null process of ``metrics.synthetic.NULLS`` (iid noise; AR(1) with phi 0.5, 0.8, 0.95; a random walk;
+For every null process of ``analysis.synthetic.NULLS`` (iid noise; AR(1) with phi 0.5, 0.8, 0.95; a random walk;
 a saturating curve in the population against a linear rise in the baseline; both arms drawn from the same
-process with a real signal in it) and for the planted signature (``metrics.synthetic.PLANTED``: complexity
+process with a real signal in it) and for the planted signature (``analysis.synthetic.PLANTED``: complexity
 up 3 noise SDs in the population and down 3 in the baseline over the run, a solve-rate oscillation of
 amplitude 2 noise SDs, 1.5 times the cell scale, growing), at 40 and 100 steps and with 1 and 3 seeds per
-arm, it draws ``--draws`` comparisons and runs the signature's verdicts (``metrics.signature.compare_series``,
+arm, it draws ``--draws`` comparisons and runs the signature's verdicts (``analysis.signature.compare_series``,
 the functions ``cli.compare`` uses) on each. It prints, per verdict:
 
 - the false "holds" rate on each null where the verdict's claim is false (``synthetic.false_claims``),
@@ -32,8 +32,8 @@ from multiprocessing import Pool
 import numpy as np
 from tqdm import tqdm
 
-from openrlhf_populora.metrics import signature as sig
-from openrlhf_populora.metrics import synthetic as syn
+from openrlhf_populora.analysis import signature as sig
+from openrlhf_populora.analysis import synthetic as syn
 
 KINDS = (*syn.NULLS, syn.PLANTED)
 

@@ -30,7 +30,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from openrlhf_populora.metrics.runs import load_run  # noqa: E402
+from openrlhf_populora.analysis.runs import load_run  # noqa: E402
 
 
 def _lr(run_dir: Path) -> float:

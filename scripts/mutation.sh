@@ -35,7 +35,7 @@ declare -A SETS=(
   [loop]="openrlhf_populora/selfplay/loop.py | tests/test_selfplay_rules.py tests/test_selfplay_rewards.py"
   [grading]="openrlhf_populora/eval/sanitize.py openrlhf_populora/eval/store.py | tests/test_eval_sanitize.py tests/test_eval_store.py"
   [table]="openrlhf_populora/eval/report.py openrlhf_populora/durable.py | tests/test_eval_report.py tests/test_durable.py"
-  [statistics]="openrlhf_populora/metrics/signature_stats.py | tests/test_metrics_signature.py tests/test_compare_calibration.py tests/test_cli_compare.py"
+  [statistics]="openrlhf_populora/analysis/signature_stats.py | tests/test_metrics_signature.py tests/test_compare_calibration.py tests/test_cli_compare.py"
   [tasks]="openrlhf_populora/tasks/* | tests/test_tasks_parsing.py tests/test_tasks_checks.py tests/test_tasks_verify.py tests/test_tasks_buffers.py tests/test_tasks_records_prompts.py tests/test_tasks_seed_verify.py tests/test_tasks_values.py tests/test_tasks_programs.py"
 )
 ORDER=(rewards advantages population evolution loop tasks grading table statistics)

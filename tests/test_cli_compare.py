@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
+from openrlhf_populora.analysis.signature import CLAIMS
+from openrlhf_populora.analysis.synthetic import write_synthetic_run
 from openrlhf_populora.cli.compare import main
 from openrlhf_populora.metrics.keys import META_FILE, METRICS_FILE
-from openrlhf_populora.metrics.signature import CLAIMS
-from openrlhf_populora.metrics.synthetic import write_synthetic_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 BASELINE_ONLY = {"complexity/baseline_falls", "solve_rate/baseline_rises"}
@@ -224,8 +224,8 @@ def test_seeds_must_be_different_runs_and_seeds(tmp_path, capsys):
 
 def test_seeds_that_agree_exactly_cannot_tell():
     # Catches: a zero-width t interval from seeds whose statistic ties (small cell counts do), read as "holds".
-    from openrlhf_populora.metrics import signature_stats as st
-    from openrlhf_populora.metrics.signature import CANNOT_TELL, HOLDS, interval_verdict
+    from openrlhf_populora.analysis import signature_stats as st
+    from openrlhf_populora.analysis.signature import CANNOT_TELL, HOLDS, interval_verdict
 
     tied = st.welch([3.0, 3.0, 3.0], [1.0, 1.0, 1.0])
     assert interval_verdict("c", tied, +1, "difference").verdict == CANNOT_TELL

@@ -18,12 +18,12 @@ import pytest
 import torch
 from task_answers import scripted_output_answer
 
+from openrlhf_populora.analysis.retention import distance_key, logprob_key
 from openrlhf_populora.cli import report, retention
 from openrlhf_populora.cli.train import local_engine_config
 from openrlhf_populora.config import Config
 from openrlhf_populora.engines.local.state import read_state
 from openrlhf_populora.engines.scripted import scripted_engine
-from openrlhf_populora.metrics.retention import distance_key, logprob_key
 from openrlhf_populora.selfplay.runner import claim_run_dir, run
 
 PROGRAMS = [("def f(x):\n    return x + 3", "4"), ("def f(x):\n    return x * 2", "5"),
@@ -283,7 +283,7 @@ def _specialist_copy(run_dir: Path, target: Path) -> Path:
 def test_a_second_parent_from_another_run(study, tmp_path, capsys):
     """Catches: OTHER_RUN_DIR:MEMBER read from --run instead of the other run (the distances to the second
     parent then come out as to --run's t1), and a second parent left out of the crossover."""
-    from openrlhf_populora.metrics.retention import delta_distance
+    from openrlhf_populora.analysis.retention import delta_distance
 
     run_dir, _, _ = study
     other = _specialist_copy(run_dir, tmp_path / "specialist")
@@ -356,7 +356,7 @@ def test_an_interrupted_child_resumes_exactly(study, tmp_path, monkeypatch, caps
 
 def test_recovery_needs_the_child_to_stay_within_tolerance():
     """Catches: "recovers at" as the first step that touches the tolerance (here step 1, before it falls back)."""
-    from openrlhf_populora.metrics.retention import recovery_step
+    from openrlhf_populora.analysis.retention import recovery_step
 
     reference = [None, 1.0, 1.0, 1.0, 1.0, 1.0]
     assert recovery_step([None, 0.95, 0.5, 0.95, 1.0, 0.92], reference, 0.1) == 3
@@ -370,7 +370,7 @@ def test_a_step_is_resampled_from_its_own_answers():
     rate of 0.5 give Binomial(16, 0.5) / 16, whose 2.5% and 97.5% quantiles are 4/16 and 12/16."""
     import numpy as np
 
-    from openrlhf_populora.metrics.retention import percentile_interval, resampled_curves
+    from openrlhf_populora.analysis.retention import percentile_interval, resampled_curves
 
     draws = resampled_curves([None, 0.5, 0.5], 16, 1, np.random.default_rng(0), bootstraps=4000)
     assert np.isnan(draws[:, 0]).all()
@@ -383,7 +383,7 @@ def test_the_mean_over_snapshots_resamples_the_snapshots():
     then give [1, 1]; resampled, a draw may take either one twice."""
     import numpy as np
 
-    from openrlhf_populora.metrics.retention import percentile_interval, snapshot_mean_draws
+    from openrlhf_populora.analysis.retention import percentile_interval, snapshot_mean_draws
 
     draws = snapshot_mean_draws([np.full(2000, 0.5), np.full(2000, 1.5)], np.random.default_rng(1))
     assert set(np.unique(draws)) == {0.5, 1.0, 1.5}
@@ -391,7 +391,7 @@ def test_the_mean_over_snapshots_resamples_the_snapshots():
 
 
 def test_the_table_shows_the_seeds_and_the_intervals():
-    from openrlhf_populora.metrics.retention import format_markdown
+    from openrlhf_populora.analysis.retention import format_markdown
 
     row = {"operator": "gaussian", "code": "M1", "snapshot": 10, "finished": True, "steps_done": 8, "seed": 42,
            "values": {"solve_rate": {"8": 0.1}}, "fraction_of_copy": {"8": 0.8},

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from scipy.stats import binom
 
-from openrlhf_populora.metrics import signature as sig
-from openrlhf_populora.metrics import synthetic as syn
+from openrlhf_populora.analysis import signature as sig
+from openrlhf_populora.analysis import synthetic as syn
 
 DRAWS = 40
 GOAL = 0.05

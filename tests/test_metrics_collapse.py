@@ -1,13 +1,13 @@
-"""The collapse definition of the 120-step study (``metrics/collapse.py``, ``cli/collapse.py``) on runs whose
+"""The collapse definition of the 120-step study (``analysis/collapse.py``, ``cli/collapse.py``) on runs whose
 collapse is planted at a known step, and on runs that fail exactly one of its three conditions."""
 
 import json
 
 import pytest
 
+from openrlhf_populora.analysis.collapse import collapse
+from openrlhf_populora.analysis.runs import load_run
 from openrlhf_populora.cli.collapse import main
-from openrlhf_populora.metrics.collapse import collapse
-from openrlhf_populora.metrics.runs import load_run
 
 
 def program(n: int) -> str:

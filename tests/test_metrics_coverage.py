@@ -162,8 +162,8 @@ def test_default_archive_has_4096_cells(tmp_path, monkeypatch):
 
 
 def test_archive_metrics_feed_the_tracker_and_the_coverage_figure(tmp_path, centroids):
-    from openrlhf_populora.metrics import plots
-    from openrlhf_populora.metrics.runs import load_run
+    from openrlhf_populora.analysis import plots
+    from openrlhf_populora.analysis.runs import load_run
     from openrlhf_populora.metrics.tracker import Tracker
 
     archive = CoverageArchive(centroids)

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from openrlhf_populora.metrics import signature as sig
-from openrlhf_populora.metrics import signature_stats as st
-from openrlhf_populora.metrics import synthetic as syn
-from openrlhf_populora.metrics.runs import load_run
-from openrlhf_populora.metrics.synthetic import write_synthetic_run
+from openrlhf_populora.analysis import signature as sig
+from openrlhf_populora.analysis import signature_stats as st
+from openrlhf_populora.analysis import synthetic as syn
+from openrlhf_populora.analysis.runs import load_run
+from openrlhf_populora.analysis.synthetic import write_synthetic_run
 
 STEPS = np.arange(1, 41, dtype=float)
 

@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
+from openrlhf_populora.analysis.runs import load_run
 from openrlhf_populora.metrics import keys
-from openrlhf_populora.metrics.runs import load_run
 from openrlhf_populora.metrics.tracker import Tracker, progress_postfix
 
 

@@ -6,10 +6,10 @@ steps without the key counted, a run without the key shown as 0, and render_repo
 
 import json
 
+from openrlhf_populora.analysis.report import ends_table, first_and_last
+from openrlhf_populora.analysis.runs import load_run
 from openrlhf_populora.cli.report import main as report_main
 from openrlhf_populora.metrics.keys import train_key
-from openrlhf_populora.metrics.report import ends_table, first_and_last
-from openrlhf_populora.metrics.runs import load_run
 
 SOLVE, FORMAT = train_key("solve_rate"), train_key("format_rate")
 

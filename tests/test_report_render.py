@@ -7,11 +7,12 @@ import matplotlib.image
 import numpy as np
 import pytest
 
+from openrlhf_populora.analysis import plots
+from openrlhf_populora.analysis.report import render_report
+from openrlhf_populora.analysis.runs import load_run
+from openrlhf_populora.analysis.synthetic import write_synthetic_run
 from openrlhf_populora.cli.report import main as report_main
-from openrlhf_populora.metrics import keys, plots
-from openrlhf_populora.metrics.report import render_report
-from openrlhf_populora.metrics.runs import load_run
-from openrlhf_populora.metrics.synthetic import write_synthetic_run
+from openrlhf_populora.metrics import keys
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 STEPS = 24

@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
+from openrlhf_populora.analysis import stock_logs
+from openrlhf_populora.analysis.report import render_report
+from openrlhf_populora.analysis.synthetic import write_synthetic_run
 from openrlhf_populora.cli.report import main as report_main
-from openrlhf_populora.metrics import stock_logs
-from openrlhf_populora.metrics.report import render_report
-from openrlhf_populora.metrics.synthetic import write_synthetic_run
 
 # per step: values exactly representable in float32 (event files store float32), so equality is exact
 SCALARS = {

@@ -1,6 +1,6 @@
 """``python -m openrlhf_populora.cli.collapse RUN_DIR [RUN_DIR ...] [--out DIR]``
 
-Checks each run against the mode-collapse definition fixed before the 120-step study (``metrics/collapse.py``):
+Checks each run against the mode-collapse definition fixed before the 120-step study (``analysis/collapse.py``):
 a window of 20 steps is collapsed when its mean solve rate is at least 0.9, its mean AST nodes at most steps
 1-20's, and fewer than 5% of its valid proposals are programs the run had not proposed before. Prints one row per
 run: the first step whose window is collapsed, whether the last window is, and the last window's numbers.
@@ -30,8 +30,8 @@ def main(argv: list[str] | None = None) -> int:
         if missing:
             print(f"error: {path} has no {' or '.join(missing)}: not a run directory", file=sys.stderr)
             return 2
-    from openrlhf_populora.metrics.collapse import collapse, collapse_table
-    from openrlhf_populora.metrics.runs import load_run
+    from openrlhf_populora.analysis.collapse import collapse, collapse_table
+    from openrlhf_populora.analysis.runs import load_run
 
     results = [collapse(load_run(path)) for path in args.runs]
     table = collapse_table(results)

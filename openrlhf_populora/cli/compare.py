@@ -6,8 +6,8 @@ a verdict per claim: ``holds``, ``does not hold``, ``cannot tell`` (one run too 
 from wander) or ``not enough steps`` (fewer than 10 steps with a finite value in a series the claim uses).
 Give one run per arm (positional, as before) or several seeds per arm (``--population ... --baseline ...``,
 at least two each): the claims are then tested across seeds. Either engine's run directories work (same
-schema, ``metrics/keys.py``). The seven claims and their statistics are in ``metrics/signature.py`` and
-``metrics/signature_stats.py``:
+schema, ``metrics/keys.py``). The seven claims and their statistics are in ``analysis/signature.py`` and
+``analysis/signature_stats.py``:
 
 1. complexity: the slope per step of a composite of the five complexity axes (each standardised, then
    averaged: one claim, not five correlated ones): the population's rises, the baseline's falls, and the
@@ -115,7 +115,7 @@ def step_window(text: str) -> tuple[int, int | None]:
 
 
 def load(path: Path, label: str | None, window: tuple[int, int | None] | None = None):
-    from openrlhf_populora.metrics.runs import load_run
+    from openrlhf_populora.analysis.runs import load_run
 
     if not path.is_dir():
         raise InputError(f"run directory {path} does not exist")
@@ -315,7 +315,7 @@ def json_safe(value: Any) -> Any:
 
 
 def write_outputs(out: Path, comparison, smooth: int, header: list[str]) -> None:
-    from openrlhf_populora.metrics.signature import comparison_figure, format_markdown
+    from openrlhf_populora.analysis.signature import comparison_figure, format_markdown
 
     out.mkdir(parents=True, exist_ok=True)
     markdown = format_markdown(comparison).split("\n", 2)
@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    from openrlhf_populora.metrics.signature import compare_runs, format_text
+    from openrlhf_populora.analysis.signature import compare_runs, format_text
 
     roles = ANY_ROLES if args.allow_any else ROLES
     header, warnings, flats = attribution(roles, groups)

@@ -4,12 +4,12 @@ Draws the comparison figures (PNG) and ``summary.md`` for one or more run direct
 and a population run. ``--synthetic`` writes two synthetic runs (baseline + population) under
 ``DIR/synthetic_runs`` first and reports on them: a smoke test of the whole pipeline. ``--retention STUDY_DIR``
 draws an operator retention study (``cli/retention.py``) into ``DIR``: its grid figure, its measures and its
-table (``retention.md``, ``retention.json``; ``metrics/retention.py``), with or without run directories.
+table (``retention.md``, ``retention.json``; ``analysis/retention.py``), with or without run directories.
 
 A RUN_DIR may also be the output of a stock OpenRLHF run (baseline B2, ``openrlhf.cli.train_ppo_ray`` with
 ``--logger.tensorboard_dir``): a directory without ``metrics.jsonl`` holding TensorBoard event files
 (``events.out.tfevents.*``) directly, under ``tensorboard/<run_name>/`` or under ``<run_name>/``. Its scalars
-become per-step records (``metrics/stock_logs.py``): every tag is kept as ``stock/<tag>``, and the tags that
+become per-step records (``analysis/stock_logs.py``): every tag is kept as ``stock/<tag>``, and the tags that
 mean the same as a PopuLoRA key are also shown under it: ``train/correct`` as ``train/solve_rate``,
 ``train/format_ok`` as ``train/format_rate``, ``train/response_length`` as ``train/student_response_length``
 (``train/reward``, the losses and the timings are not mapped). It is labelled "stock OpenRLHF" unless
@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def report_retention(study_dir: Path, out: Path, dpi: int) -> int:
     """Draw a retention study into ``out``; returns the number of figures (-1 when it is not a study)."""
-    from openrlhf_populora.metrics.retention import render_retention
+    from openrlhf_populora.analysis.retention import render_retention
 
     try:
         result = render_retention(study_dir, out, dpi=dpi)
@@ -64,8 +64,8 @@ def report_retention(study_dir: Path, out: Path, dpi: int) -> int:
 
 def check_run_dir(run_dir: Path) -> str | None:
     """Why ``run_dir`` cannot be reported on (None when it can, or when it does not exist: said later)."""
+    from openrlhf_populora.analysis.stock_logs import EVENT_GLOB, find_event_dir
     from openrlhf_populora.metrics.keys import METRICS_FILE
-    from openrlhf_populora.metrics.stock_logs import EVENT_GLOB, find_event_dir
 
     if not run_dir.is_dir() or (run_dir / METRICS_FILE).exists():
         return None
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     run_dirs = list(args.run_dirs)
     if args.synthetic:
-        from openrlhf_populora.metrics.synthetic import write_synthetic_run
+        from openrlhf_populora.analysis.synthetic import write_synthetic_run
 
         root = args.out / "synthetic_runs"
         run_dirs += [write_synthetic_run(root / "baseline", mode="baseline", seed=1, label="synthetic baseline"),
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         if not run_dirs:
             return 0 if retention_figures else 1
-    from openrlhf_populora.metrics.report import render_report
+    from openrlhf_populora.analysis.report import render_report
 
     try:
         result = render_report(run_dirs, args.out, smooth=args.smooth, ends=args.ends, labels=args.labels,

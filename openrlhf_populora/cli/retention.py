@@ -22,14 +22,14 @@ The operator retention study (the paper's Figs 6, 16 and 17). For every snapshot
    best-rated one by conservative rating), which is frozen (``SelfPlay.frozen``: it plays and is scored, it
    never trains), with evolution off: only the child changes. The task buffers, ratings and coverage archive
    are the checkpoint's. ``copy_parent`` always runs: it is the reference, the parent retrained the same way.
-3. **Measures**, written into the child's own ``metrics.jsonl`` (``metrics/retention.py`` lists the keys): the
+3. **Measures**, written into the child's own ``metrics.jsonl`` (``analysis/retention.py`` lists the keys): the
    child's game metrics at every step (a student's solve rate; a teacher's validity and teacher reward), and,
    at S (as made) and after every update, (a) the mean per-token log-prob under the child of K completions
    each parent sampled once at the snapshot on its own role's prompts (``--probe-samples K``; a retention
    measure that needs no weight space), and (b) the relative Frobenius distance of the child's summed LoRA
    deltas B A to each parent's.
 
-Outputs in ``--out`` (layout: ``metrics/retention.py``): one run directory per child under
+Outputs in ``--out`` (layout: ``analysis/retention.py``): one run directory per child under
 ``children/step_NNNNNN/<operator>/``, then ``retention.md`` / ``retention.json`` (each operator's metric after
 k steps as a fraction of copy_parent's with a 95% bootstrap interval over each step's answers and, for the
 means, the snapshots; the number of seeds; and the retraining step from which it stays within
@@ -62,9 +62,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from openrlhf_populora.cli.errors import InputError, OneLineParser
-from openrlhf_populora.config import Config, config_from_dict
-from openrlhf_populora.metrics.retention import (
+from openrlhf_populora.analysis.retention import (
     CHILD_FILE,
     CHILD_ID,
     DONE_FILE,
@@ -82,6 +80,8 @@ from openrlhf_populora.metrics.retention import (
     member_metric_key,
     snapshot_dir,
 )
+from openrlhf_populora.cli.errors import InputError, OneLineParser
+from openrlhf_populora.config import Config, config_from_dict
 from openrlhf_populora.population.operators import (
     CROSSOVER_NAMES,
     FITNESS_AWARE,
@@ -411,7 +411,7 @@ def default_sandbox(config: Config):
 
 def parent_curves(plan: Plan) -> dict[str, Any]:
     """Each parent's role metrics over its run's steps (parents.json), read again at every invocation."""
-    from openrlhf_populora.metrics.runs import load_run
+    from openrlhf_populora.analysis.runs import load_run
 
     out = []
     for parent in plan.parents:
@@ -660,7 +660,7 @@ def run_study(plan: Plan, engine_factory: Callable[[Config], Any] | None = None,
               sandbox_factory: Callable[[Config], Any] | None = None, progress: bool = True) -> int:
     """Run every child not yet finished, then write the table and figures. Returns an exit status. The engine
     is built only when some child still needs it."""
-    from openrlhf_populora.metrics.retention import render_retention
+    from openrlhf_populora.analysis.retention import render_retention
 
     plan.out.mkdir(parents=True, exist_ok=True)
     lock = _lock(plan.out)  # noqa: F841 - released when the process exits

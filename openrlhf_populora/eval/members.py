@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from openrlhf_populora.metrics.runs import read_jsonl
+from openrlhf_populora.analysis.runs import read_jsonl
 
 BASE_MEMBER = "base"  # the name the base model (no adapter) gets in results
 SOLVER_ROLES = ("student", "both")

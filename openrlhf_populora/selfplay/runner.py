@@ -336,7 +336,7 @@ def run(config: Config, build_engine: Callable[[Config], Any], sandbox_factory: 
                     stop.name, loop.step, run_dir)
         return 130
     if config.populora.report:
-        from openrlhf_populora.metrics import render_report
+        from openrlhf_populora.analysis.report import render_report
 
         try:
             render_report([run_dir], run_dir / "figures")

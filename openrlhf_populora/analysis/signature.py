@@ -20,7 +20,7 @@ deviation over every step of every run compared, then averaged over the axes. Ea
 reported without a verdict. The verdicts are tested one by one at 5% (95% intervals, one-sided 2.5% each
 way); no family-wise correction: each is calibrated on its own (``benchmarks/compare_calibration.py``).
 
-**One seed per arm** (the statistics: ``metrics/signature_stats.py``): slopes with the wider of a
+**One seed per arm** (the statistics: ``analysis/signature_stats.py``): slopes with the wider of a
 Newey-West (HAC) and a red-noise interval, and ``cannot tell`` when the residual's fitted red-noise
 coefficient is ``MAX_PHI`` or more; oscillation against AR(1) surrogates; covered cells with a bootstrap
 over steps; new cells with a Poisson interval ``+- 1.96 sqrt(a + b)``. **Several seeds per arm** (at least
@@ -37,9 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from openrlhf_populora.metrics import signature_stats as st
+from openrlhf_populora.analysis import signature_stats as st
+from openrlhf_populora.analysis.runs import RunData
 from openrlhf_populora.metrics.keys import COMPLEXITY_AXES, complexity_key, coverage_key, train_key
-from openrlhf_populora.metrics.runs import RunData
 
 HOLDS = "holds"
 DOES_NOT_HOLD = "does not hold"
@@ -406,7 +406,7 @@ class RunInfo:
     steps: int
     first_step: int | None
     last_step: int | None
-    synthetic: bool = False  # written by metrics.synthetic: not a real run
+    synthetic: bool = False  # written by analysis.synthetic: not a real run
     coverage_end: float | None = None  # coverage/overall at its last step (the archive's, seeds included)
 
 
@@ -637,7 +637,7 @@ def comparison_figure(c: Comparison, smooth: int = 1):
     seed), and cumulative cells of the valid programs against their number."""
     from matplotlib.figure import Figure
 
-    from openrlhf_populora.metrics.plots import AXIS_LABELS
+    from openrlhf_populora.analysis.plots import AXIS_LABELS
 
     fig = Figure(figsize=(16.0, 6.4), layout="constrained")
     axes = fig.subplots(2, 4, squeeze=False)
@@ -677,7 +677,7 @@ SEED_MARKERS = ("o", "s", "^", "D", "v", "P")  # one per run of an arm: seeds to
 
 def draw_series(ax, xs: np.ndarray, ys: np.ndarray, trend: st.Trend, color: str, smooth: int,
                 label: str | None, marker: str | None = None) -> None:
-    from openrlhf_populora.metrics.plots import smooth as moving_average
+    from openrlhf_populora.analysis.plots import smooth as moving_average
 
     keep = np.isfinite(ys)
     if not keep.any():

@@ -79,7 +79,7 @@ class RunData:
     records: dict[int, dict[str, Any]]
     events: list[dict[str, Any]]
     warnings: list[str] = field(default_factory=list)
-    synthetic: bool = False  # written by metrics.synthetic (``run_meta.json`` says so): not a real run
+    synthetic: bool = False  # written by analysis.synthetic (``run_meta.json`` says so): not a real run
     _problems: list[dict[str, Any]] | None = None
     _keys: set[str] | None = None
 

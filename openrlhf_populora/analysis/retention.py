@@ -202,7 +202,7 @@ class Study:
 def load_study(path: str | Path) -> Study:
     """Read a study directory. FileNotFoundError when it holds no ``study.json``; a child whose files cannot be
     read is left out with a warning."""
-    from openrlhf_populora.metrics.runs import load_run
+    from openrlhf_populora.analysis.runs import load_run
 
     path = Path(path)
     if not (path / STUDY_FILE).is_file():
@@ -483,8 +483,8 @@ def grid_figure(study: Study, metric: str | None = None, smooth: int | None = No
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    from openrlhf_populora.metrics.plots import PALETTE, Skip
-    from openrlhf_populora.metrics.plots import smooth as smoothed
+    from openrlhf_populora.analysis.plots import PALETTE, Skip
+    from openrlhf_populora.analysis.plots import smooth as smoothed
 
     metric = metric or study.metric
     window = int(study.settings.get("smooth", 1) if smooth is None else smooth)
@@ -543,7 +543,7 @@ def measures_figure(study: Study):
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    from openrlhf_populora.metrics.plots import PALETTE, Skip
+    from openrlhf_populora.analysis.plots import PALETTE, Skip
 
     operators, snapshots = study.operators(), study.snapshots()
     if not operators or not snapshots:
@@ -588,7 +588,7 @@ def render_retention(study_dir: str | Path, out_dir: str | Path | None = None, d
     """Write the table (``retention.md``, ``retention.json``) and the figures (``retention_grid.png`` for the
     role's metric, ``retention_grid_<metric>.png`` for its others, ``retention_measures.png``) of the study in
     ``study_dir`` into ``out_dir`` (default: the study directory). FileNotFoundError without a study."""
-    from openrlhf_populora.metrics.plots import Skip
+    from openrlhf_populora.analysis.plots import Skip
 
     study = load_study(study_dir)
     result = RetentionResult(Path(out_dir) if out_dir is not None else study.path, warnings=list(study.warnings))

@@ -210,7 +210,7 @@ PLANTED_CELL_RATIO = 1.5  # population cell scale / baseline's (coverage at equa
 
 def red_noise(phi: float, n: int, rng) -> np.ndarray:
     """AR(1) noise with unit stationary standard deviation (``phi`` 0: white noise)."""
-    from openrlhf_populora.metrics.signature_stats import ar1_series
+    from openrlhf_populora.analysis.signature_stats import ar1_series
 
     return ar1_series(phi, n, 1, rng)[:, 0] * np.sqrt(1 - phi * phi)
 
@@ -228,7 +228,7 @@ def noise_series(kind: str, n: int, rng) -> np.ndarray:
 
 def synthetic_arm(label: str, n: int, composite, solve_rate, programs_per_step: int, cell_scale, rng):
     """An ``ArmSeries`` of ``n`` steps; ``cell_scale`` is a number or one per step."""
-    from openrlhf_populora.metrics.signature import ArmSeries
+    from openrlhf_populora.analysis.signature import ArmSeries
 
     steps = np.arange(1, n + 1)
     scales = np.broadcast_to(np.asarray(cell_scale, dtype=float), (n,))
@@ -273,7 +273,7 @@ def calibration_arms(kind: str, n: int, seeds: int, rng) -> tuple[list, list]:
 
 def false_claims(kind: str) -> tuple[str, ...]:
     """The claims (``signature.CLAIMS``) that are false under a null: a "holds" on one is a false positive."""
-    from openrlhf_populora.metrics.signature import CLAIMS
+    from openrlhf_populora.analysis.signature import CLAIMS
 
     true = {"saturating": {"complexity/population_rises", "solve_rate/baseline_rises"},
             "same_signal": {"complexity/population_rises", "solve_rate/baseline_rises"}}.get(kind, set())

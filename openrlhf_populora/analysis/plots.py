@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
+from openrlhf_populora.analysis.runs import RunData, Series
 from openrlhf_populora.metrics.complexity import program_complexity
 from openrlhf_populora.metrics.keys import (
     ALL,
@@ -25,7 +26,6 @@ from openrlhf_populora.metrics.keys import (
     matchup_key,
     train_key,
 )
-from openrlhf_populora.metrics.runs import RunData, Series
 
 PALETTE = ("tab:blue", "tab:red", "tab:green", "tab:purple", "tab:brown", "tab:cyan", "tab:olive", "tab:pink")
 ROLE_COLORS = {"teacher": "tab:orange", "student": "tab:blue"}

@@ -20,9 +20,9 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from openrlhf_populora.analysis.runs import RunData
 from openrlhf_populora.metrics.coverage import program_fingerprint
 from openrlhf_populora.metrics.keys import complexity_key, coverage_key, train_key
-from openrlhf_populora.metrics.runs import RunData
 
 WINDOW = 20
 EASY = 0.9

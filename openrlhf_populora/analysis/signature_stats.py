@@ -1,4 +1,4 @@
-"""The statistics behind the signature's verdicts, on plain arrays (``metrics/signature.py`` applies them to runs).
+"""The statistics behind the signature's verdicts, on plain arrays (``analysis/signature.py`` applies them to runs).
 
 Every test here is built to keep its false "holds" rate at or under 5% on series in which nothing happens,
 including autocorrelated ones (``benchmarks/compare_calibration.py`` measures it; ``tests/test_compare_calibration.py``

@@ -31,8 +31,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from openrlhf_populora.analysis.runs import RunData
 from openrlhf_populora.metrics.keys import METRICS_FILE, train_key
-from openrlhf_populora.metrics.runs import RunData
 
 EVENT_GLOB = "events.out.tfevents.*"
 STOCK_PREFIX = "stock/"
