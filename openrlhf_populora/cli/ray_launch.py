@@ -48,6 +48,7 @@ from typing import Any
 import yaml
 
 from openrlhf_populora.config import Config, PopuLoRAConfig, add_flag, iter_fields, preset_layers, set_dotted
+from openrlhf_populora.engines.vllm_targets import vllm_lora_targets
 from openrlhf_populora.patches import openrlhf_0_11_2 as patches
 from openrlhf_populora.patches.openrlhf_0_11_2.cpu import install_flash_attn_shim
 
@@ -263,6 +264,10 @@ def _refusals(flat: argparse.Namespace, defaults: Mapping[str, Any]) -> list[str
         reasons.append("--ds.adam_offload is not supported with --ds.zero_stage 3: the per-adapter optimizer "
                        "windows read and restore the optimizer's partitions on the device (use ZeRO-2 with "
                        "--ds.adam_offload, or ZeRO-3 without it)")
+    try:  # vLLM serves LoRA only on the layers the adapters train (its lora_target_modules)
+        vllm_lora_targets(get("ds.lora.target_modules"))
+    except ValueError as err:
+        reasons.append(str(err))
     return reasons
 
 
@@ -482,11 +487,12 @@ def parse_launch_args(argv: Sequence[str], cpu: bool | None = None) -> SimpleNam
 
 def _prepare(args: SimpleNamespace) -> list[patches.Patch]:
     """The class swaps, with the rollout actor configured for vLLM's LoRA slots (one per adapter, ranks up to
-    ``--ds.lora.rank``)."""
+    ``--ds.lora.rank``, on the layers of ``--ds.lora.target_modules`` only)."""
     from openrlhf_populora.engines.ray import vllm_rollout
 
     rollout_actor = vllm_rollout.configure_multilora(max_loras=len(args.populora.adapter_names),
-                                                     max_lora_rank=args.ds.lora.rank)
+                                                     max_lora_rank=args.ds.lora.rank,
+                                                     target_modules=args.ds.lora.target_modules)
     return plugin_patches({"openrlhf.trainer.ray.vllm_engine:RolloutRayActor": rollout_actor})
 
 

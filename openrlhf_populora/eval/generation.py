@@ -7,7 +7,8 @@ base model; requests for different adapters may share a batch. Two backends:
 - ``EngineBackend`` wraps any ``engines.base.Engine`` (default: ``LocalEngine``, CPU or one GPU, batched
   mixed-adapter greedy decoding with transformers + peft).
 - ``VLLMBackend``: one ``vllm.LLM`` with multi-LoRA, every member served as a ``LoRARequest`` so all
-  members are evaluated without reloading the base. Used only when a real vLLM is importable.
+  members are evaluated without reloading the base, LoRA on the adapters' own layers only
+  (``lora_target_modules``). Used only when a real vLLM is importable.
 
 Adapter slots are ``m0, m1, ...`` (member display names may hold characters adapter names may not).
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from openrlhf_populora.engines.base import BASE_ADAPTER, GenerationRequest, SamplingParams, render_chat
+from openrlhf_populora.engines.vllm_targets import unserved_modules, vllm_lora_targets
 from openrlhf_populora.eval.members import EvalMember
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # max_lora_rank values vLLM accepts
@@ -132,8 +134,27 @@ def vllm_available() -> bool:
     return not getattr(vllm, "__populora_stub__", False) and hasattr(vllm, "LLM")
 
 
+def vllm_adapter_targets(lora: dict[str, Any], adapter_dirs: Sequence[Path]) -> list[str]:
+    """vLLM's ``lora_target_modules`` for adapters of the shared config ``lora`` (``members.check_adapters``): the
+    layers of its ``target_modules``. ValueError when vLLM cannot serve them, or when an adapter's file holds
+    weights outside them (vLLM would ignore those)."""
+    from openrlhf_populora.engines.adapter_files import adapter_modules
+
+    try:
+        served = vllm_lora_targets(lora.get("target_modules", "all-linear"))
+    except ValueError as exc:
+        raise ValueError(f"the adapters' target_modules cannot be served by vLLM ({exc}); use --engine local") from None
+    for path in adapter_dirs:
+        outside = unserved_modules(adapter_modules(load_adapter_weights(path)), served)
+        if outside:
+            raise ValueError(f"adapter {path} has weights for {outside[0]} ({len(outside)} modules in all), outside "
+                             f"its target_modules {lora.get('target_modules')}; vLLM would ignore them")
+    return served
+
+
 class VLLMBackend:
-    """One ``vllm.LLM`` with multi-LoRA: each member is a ``LoRARequest`` on the shared base."""
+    """One ``vllm.LLM`` with multi-LoRA: each member is a ``LoRARequest`` on the shared base; LoRA runs on the
+    adapters' layers only (:func:`vllm_adapter_targets`)."""
 
     def __init__(
         self,
@@ -162,7 +183,8 @@ class VLLMBackend:
             kwargs["max_model_len"] = max_model_len
         if adapters:
             kwargs.update(enable_lora=True, max_loras=max(1, min(max_loras, len(adapters))),
-                          max_lora_rank=next((r for r in VLLM_LORA_RANKS if r >= rank), rank))
+                          max_lora_rank=next((r for r in VLLM_LORA_RANKS if r >= rank), rank),
+                          lora_target_modules=vllm_adapter_targets(lora, list(adapters.values())))
         self.llm = LLM(**kwargs)
         self.requests = {slot: LoRARequest(slot, i + 1, str(Path(path).resolve()))
                          for i, (slot, path) in enumerate(adapters.items())}

@@ -44,6 +44,7 @@ from openrlhf_populora.engines.local.training import (
     score,
 )
 from openrlhf_populora.engines.seeding import adapter_init_seed, derive_seed
+from openrlhf_populora.engines.torch_threads import set_torch_threads
 
 
 class LocalEngine:
@@ -55,7 +56,7 @@ class LocalEngine:
         config.validate()
         self.config = config
         if config.num_threads and config.device == "cpu":
-            torch.set_num_threads(config.num_threads)  # process-wide: 2 shared cores thrash with more
+            set_torch_threads(config.num_threads)  # process-wide: 2 shared cores thrash with more
         if (model is None) != (tokenizer is None):
             raise ValueError("pass both model and tokenizer, or neither")
         self.dtype = resolve_dtype(config.dtype, config.device)

@@ -71,9 +71,9 @@ def setup_worker() -> None:
     if not cuda_available():
         for key, value in CPU_WORKER_ENV.items():
             os.environ.setdefault(key, value)
-        import torch
+        from openrlhf_populora.engines.torch_threads import set_torch_threads
 
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+        set_torch_threads(int(os.environ["OMP_NUM_THREADS"]))  # before any vLLM in this worker can freeze it
     setup_cpu_worker()
 
 

@@ -6,14 +6,17 @@ subclassing an actor class) and ``MultiLoRARolloutActor`` is it re-decorated wit
 that global for ours and upstream builds our actors with its own placement and arguments. What changes:
 
 - **Engine arguments.** Upstream's ``__init__`` runs unchanged, with LoRA added to its kwargs:
-  ``enable_lora=True, max_loras, max_lora_rank, max_cpu_loras`` from a :class:`MultiLoRAConfig` (and
-  ``dtype="float32"`` on CPU, where upstream's hard-coded bf16 would not match the fp32 training engine).
+  ``enable_lora=True, max_loras, max_lora_rank, max_cpu_loras`` and ``lora_target_modules`` (the layers
+  ``--ds.lora.target_modules`` trains, in vLLM's packed names: :mod:`~openrlhf_populora.engines.vllm_targets`)
+  from a :class:`MultiLoRAConfig` (and ``dtype="float32"`` on CPU, where upstream's hard-coded bf16 would not
+  match the fp32 training engine).
   The config reaches the actor process as a class attribute of a fresh subclass made by
   :func:`configure_multilora` (Ray pickles such a class by value, attribute included), with an environment
   variable as fallback.
 - **Adapters.** :meth:`MultiLoRARollout.load_adapter` writes the PEFT payload to tmpfs and registers it under
   a fresh ``lora_int_id`` (and a versioned vLLM name ``<name>@<id>``, since vLLM keys its prefix cache by
-  LoRA *name*), so a request never meets stale weights; then the previous version is removed.
+  LoRA *name*), so a request never meets stale weights; then the previous version is removed. An adapter with
+  weights for a layer the engine does not serve is refused (vLLM would ignore those weights silently).
 - **Routing.** Upstream's ``generate`` calls ``self.llm.generate(prompt, params, request_id=...)`` with no
   LoRA argument. ``self.llm`` is wrapped so that call adds the ``LoRARequest`` of the adapter named in a
   ``contextvars.ContextVar``; ``generate_responses(..., lora_name=)`` and :meth:`generate_batch` set it.
@@ -45,9 +48,10 @@ from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
 from vllm import SamplingParams
 from vllm.lora.request import LoRARequest
 
-from openrlhf_populora.engines.adapter_files import adapter_rank, write_peft_adapter
+from openrlhf_populora.engines.adapter_files import adapter_modules, adapter_rank, write_peft_adapter
 from openrlhf_populora.engines.base import BASE_ADAPTER
 from openrlhf_populora.engines.seeding import derive_seed
+from openrlhf_populora.engines.vllm_targets import unserved_modules, vllm_lora_targets
 
 CONFIG_ENV = "POPULORA_VLLM_MULTILORA"  # JSON of a MultiLoRAConfig: the fallback route into actor processes
 ADAPTER_DIR_ENV = "POPULORA_ADAPTER_DIR"  # where adapter payloads go (default: /dev/shm, else the temp dir)
@@ -68,12 +72,14 @@ def allowed_lora_ranks() -> tuple[int, ...]:
 @dataclass(frozen=True)
 class MultiLoRAConfig:
     """vLLM's LoRA slots: ``max_loras`` adapters per batch, ``max_cpu_loras`` kept loaded (>= max_loras),
-    ranks up to ``max_lora_rank`` (a value vLLM accepts). ``dtype`` overrides upstream's engine dtype
-    (bf16); None keeps it on GPUs and uses float32 on CPU."""
+    ranks up to ``max_lora_rank`` (a value vLLM accepts), on the layers of ``target_modules`` only
+    (``--ds.lora.target_modules``, sorted). ``dtype`` overrides upstream's engine dtype (bf16); None keeps it
+    on GPUs and uses float32 on CPU."""
 
     max_loras: int
     max_lora_rank: int
     max_cpu_loras: int
+    target_modules: tuple[str, ...]
     dtype: str | None = None
 
     def engine_kwargs(self, cpu: bool) -> dict[str, Any]:
@@ -81,7 +87,8 @@ class MultiLoRAConfig:
         serves the base model (see ``MultiLoRARollout.lora_request``)."""
         spare = 1 if cpu else 0
         extra: dict[str, Any] = {"enable_lora": True, "max_loras": self.max_loras + spare,
-                                 "max_lora_rank": self.max_lora_rank, "max_cpu_loras": self.max_cpu_loras + spare}
+                                 "max_lora_rank": self.max_lora_rank, "max_cpu_loras": self.max_cpu_loras + spare,
+                                 "lora_target_modules": vllm_lora_targets(self.target_modules)}
         if self.dtype is not None:
             extra["dtype"] = self.dtype
         elif cpu:
@@ -93,12 +100,15 @@ class MultiLoRAConfig:
         return extra
 
 
-def make_multilora_config(max_loras: int, max_lora_rank: int, dtype: str | None = None,
-                          max_cpu_loras: int | None = None) -> MultiLoRAConfig:
+def make_multilora_config(max_loras: int, max_lora_rank: int, target_modules: str | Sequence[str],
+                          dtype: str | None = None, max_cpu_loras: int | None = None) -> MultiLoRAConfig:
     """Validate and round: ``max_lora_rank`` goes up to the next rank vLLM accepts (an adapter of rank r
     needs ``max_lora_rank >= r``); ``max_cpu_loras`` defaults to ``max_loras + 1``: an upload adds the new
     version before it removes the old one, and vLLM's CPU cache (an LRU of ``max_cpu_loras``) would otherwise
-    evict another member at every upload, to be read again from disk on its next request."""
+    evict another member at every upload, to be read again from disk on its next request. ``target_modules``
+    (``--ds.lora.target_modules``) must be layers vLLM serves (ValueError naming the flag otherwise)."""
+    vllm_lora_targets(target_modules)  # refused here, at launch, not when the engine starts
+    targets = (target_modules,) if isinstance(target_modules, str) else tuple(sorted(set(target_modules)))
     if max_loras < 1:
         raise ValueError(f"max_loras must be >= 1, got {max_loras}")
     ranks = allowed_lora_ranks()
@@ -110,7 +120,8 @@ def make_multilora_config(max_loras: int, max_lora_rank: int, dtype: str | None 
         raise ValueError(f"max_cpu_loras ({cpu}) must be >= max_loras ({max_loras})")
     if dtype is not None and dtype not in ("float32", "bfloat16", "float16", "auto"):
         raise ValueError(f"dtype must be float32|bfloat16|float16|auto or None, got {dtype!r}")
-    return MultiLoRAConfig(max_loras=max_loras, max_lora_rank=fitting[0], max_cpu_loras=cpu, dtype=dtype)
+    return MultiLoRAConfig(max_loras=max_loras, max_lora_rank=fitting[0], max_cpu_loras=cpu, target_modules=targets,
+                           dtype=dtype)
 
 
 ADAPTER_DIR_PREFIX = "populora-lora-"
@@ -231,14 +242,21 @@ class MultiLoRARollout(RolloutRayActor.__ray_actor_class__):
         from now on, under a fresh ``lora_int_id`` (returned). The previous version is removed from vLLM and
         its files deleted at once (vLLM reads the files when the adapter is added): uploads come between
         generation calls (the self-play loop runs in lockstep), so one version per adapter is on disk
-        (/dev/shm), not two."""
+        (/dev/shm), not two. Raises ``ValueError`` for an adapter with weights on a layer outside the engine's
+        ``lora_target_modules``: vLLM would load it and ignore those weights."""
         if not isinstance(name, str) or not name or name == BASE_ADAPTER or "@" in name:
             raise ValueError(f"invalid adapter name {name!r}: a non-empty string without '@', not {BASE_ADAPTER!r}")
         rank = adapter_rank(tensors)
-        limit = self.llm.vllm_config.lora_config.max_lora_rank
-        if rank > limit:
-            raise ValueError(f"adapter {name!r} has rank {rank} > max_lora_rank {limit}: raise it in "
+        lora = self.llm.vllm_config.lora_config
+        if rank > lora.max_lora_rank:
+            raise ValueError(f"adapter {name!r} has rank {rank} > max_lora_rank {lora.max_lora_rank}: raise it in "
                              f"configure_multilora")
+        served = lora.target_modules  # None: every layer (an engine started without the restriction)
+        outside = [] if served is None else unserved_modules(adapter_modules(tensors), served)
+        if outside:
+            raise ValueError(f"adapter {name!r} has weights for {outside[0]} ({len(outside)} modules in all) outside "
+                             f"this vLLM engine's lora_target_modules {sorted(served)}, which vLLM would ignore: "
+                             f"serve the modules trained (--ds.lora.target_modules)")
         async with self._adapter_lock:
             if self._cpu and self._base_request is None:
                 await self._add_zero_adapter(tensors, lora_config)
@@ -401,7 +419,8 @@ def resolve_config(value: MultiLoRAConfig | Mapping | None) -> MultiLoRAConfig:
         raw = os.environ.get(CONFIG_ENV)
         if not raw:
             raise RuntimeError("the multi-LoRA rollout actor is not configured: call "
-                               "vllm_rollout.configure_multilora(max_loras, max_lora_rank) before creating engines")
+                               "vllm_rollout.configure_multilora(max_loras, max_lora_rank, target_modules) before "
+                               "creating engines")
         value = json.loads(raw)
     return make_multilora_config(**dict(value))
 
@@ -415,9 +434,10 @@ def _remote_class(config: MultiLoRAConfig | None):
 MultiLoRARolloutActor = ray.remote(MultiLoRARollout)
 
 
-def configure_multilora(max_loras: int, max_lora_rank: int, dtype: str | None = None,
-                        max_cpu_loras: int | None = None):
-    """Configure vLLM's LoRA slots for the rollout actors created from now on; return the Ray actor class.
+def configure_multilora(max_loras: int, max_lora_rank: int, target_modules: str | Sequence[str],
+                        dtype: str | None = None, max_cpu_loras: int | None = None):
+    """Configure vLLM's LoRA slots (on the layers of ``target_modules``, ``--ds.lora.target_modules``) for the
+    rollout actors created from now on; return the Ray actor class.
 
     Call it in the launcher before upstream's ``train()`` and swap the returned class (also bound to
     ``vllm_rollout.MultiLoRARolloutActor``) in for ``openrlhf.trainer.ray.vllm_engine.RolloutRayActor``.
@@ -425,7 +445,7 @@ def configure_multilora(max_loras: int, max_lora_rank: int, dtype: str | None = 
     so it reaches actors on any node; it is also exported as ``$POPULORA_VLLM_MULTILORA`` for actor
     processes that inherit this environment (a local Ray started afterwards)."""
     global MultiLoRARolloutActor
-    config = make_multilora_config(max_loras, max_lora_rank, dtype, max_cpu_loras)
+    config = make_multilora_config(max_loras, max_lora_rank, target_modules, dtype, max_cpu_loras)
     os.environ[CONFIG_ENV] = json.dumps(asdict(config))
     MultiLoRARolloutActor = _remote_class(config)
     return MultiLoRARolloutActor
