@@ -146,10 +146,10 @@ def test_cpu_worker_wrap_streams_the_weights_into_vllm(tmp_path, monkeypatch):
     repacked and dropped its linear weights: that raises), never reloading or never finalizing the layerwise
     reload (the old log-probs), and a stale packed LM head (the tiny model ties it to the embedding, as
     Qwen2.5-0.5B does)."""
+    from openrlhf_populora.patches.openrlhf_0_11_2.stock_cpu import CpuWorkerWrap
     from transformers import AutoModelForCausalLM
     from vllm import LLM, SamplingParams
 
-    from openrlhf_populora.cli.stock_ppo import CpuWorkerWrap
     from openrlhf_populora.models.tiny import VLLM_HEADS, save_tiny_model
 
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process
