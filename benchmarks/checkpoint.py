@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from openrlhf_populora.cli.train import build_engine
+from openrlhf_populora.build import build_engine
 from openrlhf_populora.config import parse_config
 from openrlhf_populora.engines.base import Trajectory
 from openrlhf_populora.sandbox import Sandbox

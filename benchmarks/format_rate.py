@@ -86,7 +86,7 @@ def _proposer_items(config, seeds: list[Task], count: int, seed: int) -> list[di
 
 
 def generate(args) -> None:
-    from openrlhf_populora.cli.train import build_engine
+    from openrlhf_populora.build import build_engine
     from openrlhf_populora.engines.base import BASE_ADAPTER, GenerationRequest, SamplingParams
 
     config = parse_config(["--config", args.config, *args.flags])

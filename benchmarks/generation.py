@@ -6,7 +6,7 @@
 2. **Replay** exactly those calls, interleaved call by call, on each engine variant:
    - ``today``: the engine before this rewrite (``engines/local.py`` at ``--legacy-commit``, read from git),
      configured as ``make run`` configured it then (fp32 base);
-   - ``new``: the engine as the preset builds it now (``cli/train.build_engine``);
+   - ``new``: the engine as the preset builds it now (``build.build_engine``);
    - ``new-fp32``, ``new-unshared``: the new engine with the bf16 base, or prefill/prompt sharing, turned off.
    For each: wall time of the propose, solve and train phases, new tokens/s, prompt tokens/s, training
    tokens/s, and effective GFLOP/s as a fraction of the matmul peak measured here (fp32 and bf16).
@@ -86,7 +86,7 @@ def load_legacy_engine_module(commit: str):
 
 
 def build_variants(config, names: list[str], commit: str) -> dict:
-    from openrlhf_populora.cli.train import build_engine
+    from openrlhf_populora.build import build_engine
 
     engines = {}
     new = build_engine(config)

@@ -36,7 +36,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from openrlhf_populora.cli.train import local_engine_config  # noqa: E402
+from openrlhf_populora.build import local_engine_config  # noqa: E402
 from openrlhf_populora.config import Config  # noqa: E402
 from openrlhf_populora.engines.base import GenerationRequest, SamplingParams, Trajectory  # noqa: E402
 from openrlhf_populora.engines.local import LocalEngine  # noqa: E402
@@ -174,7 +174,7 @@ def bench_selfplay(args) -> dict:
     """Mean wall-clock step time per population size, at equal total samples per step."""
     import tempfile
 
-    from openrlhf_populora.cli.train import build_engine
+    from openrlhf_populora.build import build_engine
     from openrlhf_populora.config import Config
     from openrlhf_populora.sandbox import Sandbox
     from openrlhf_populora.selfplay.loop import SelfPlay

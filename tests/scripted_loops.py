@@ -7,7 +7,7 @@ seeded. The sandbox is the real one (the ``task_sandbox`` fixture).
 
 from __future__ import annotations
 
-from openrlhf_populora.cli.train import local_engine_config
+from openrlhf_populora.build import local_engine_config
 from openrlhf_populora.config import Config
 from openrlhf_populora.selfplay.loop import SelfPlay
 

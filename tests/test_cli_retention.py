@@ -19,8 +19,8 @@ import torch
 from task_answers import scripted_output_answer
 
 from openrlhf_populora.analysis.retention import distance_key, logprob_key
+from openrlhf_populora.build import local_engine_config
 from openrlhf_populora.cli import report, retention
-from openrlhf_populora.cli.train import local_engine_config
 from openrlhf_populora.config import Config
 from openrlhf_populora.engines.local.state import read_state
 from openrlhf_populora.engines.scripted import scripted_engine
@@ -44,7 +44,7 @@ Scripted = scripted_engine(policy)
 
 
 def scripted_factory(config: Config):
-    """What cli.train.build_engine builds, with scripted completions."""
+    """What build.build_engine builds, with scripted completions."""
     return Scripted(local_engine_config(config))
 
 

@@ -76,7 +76,7 @@ def test_bad_flags_exit_2_with_a_clear_message(argv, message, capsys):
 
 
 def test_asymmetric_clip_reaches_the_engine():
-    from openrlhf_populora.cli.train import build_engine
+    from openrlhf_populora.build import build_engine
 
     symmetric = build_engine(parse_config(["--actor.model_name_or_path", "tiny", "--actor.eps_clip", "0.1"]))
     assert (symmetric.config.eps_clip_low, symmetric.config.eps_clip_high) == (0.1, 0.1)

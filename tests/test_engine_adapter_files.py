@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from openrlhf_populora.cli.train import local_engine_config
+from openrlhf_populora.build import local_engine_config
 from openrlhf_populora.config import Config
 from openrlhf_populora.engines.adapter_files import (
     CONFIG_FILE,

@@ -7,7 +7,7 @@ import ast
 import dataclasses
 from pathlib import Path
 
-from openrlhf_populora.cli.train import local_engine_config
+from openrlhf_populora.build import local_engine_config
 from openrlhf_populora.config import Config
 from openrlhf_populora.engines.local import LocalEngineConfig
 

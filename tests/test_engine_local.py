@@ -8,7 +8,7 @@ import types
 import pytest
 import torch
 
-from openrlhf_populora.cli.train import local_engine_config
+from openrlhf_populora.build import local_engine_config
 from openrlhf_populora.config import Config
 from openrlhf_populora.engines.base import BASE_ADAPTER, Engine, GenerationRequest, SamplingParams, Trajectory
 from openrlhf_populora.engines.local import LocalEngine, native_policy_loss

@@ -10,8 +10,8 @@ import pytest
 import torch
 import yaml
 
+from openrlhf_populora.build import local_engine_config
 from openrlhf_populora.cli.evaluate import main
-from openrlhf_populora.cli.train import local_engine_config
 from openrlhf_populora.config import Config
 from openrlhf_populora.engines.base import GenerationRequest, SamplingParams
 from openrlhf_populora.engines.local import LocalEngine

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from openrlhf_populora.cli.train import local_engine_config
+from openrlhf_populora.build import local_engine_config
 from openrlhf_populora.config import Config
 from openrlhf_populora.eval.generation import VLLMBackend, assign_slots, build_local_backend, vllm_available
 from openrlhf_populora.eval.members import EvalMember, check_adapters

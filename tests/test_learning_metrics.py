@@ -74,7 +74,7 @@ def test_probe_kl_averages_the_k3_estimate_per_token_over_responses():
 def engine():
     from scripted_loops import tiny_config
 
-    from openrlhf_populora.cli.train import local_engine_config
+    from openrlhf_populora.build import local_engine_config
     from openrlhf_populora.engines.local import LocalEngine
 
     config = tiny_config()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from openrlhf_populora.cli.train import local_engine_config
+from openrlhf_populora.build import local_engine_config
 from openrlhf_populora.config import Config
 from openrlhf_populora.models import cache, shipped
 from openrlhf_populora.models.embedded import resolve_model

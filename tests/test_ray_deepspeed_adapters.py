@@ -10,7 +10,7 @@ import socket
 import pytest
 import torch
 
-from openrlhf_populora.cli.train import local_engine_config
+from openrlhf_populora.build import local_engine_config
 from openrlhf_populora.config import Config
 from openrlhf_populora.engines.ray import adapters_ds as A
 

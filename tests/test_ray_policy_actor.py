@@ -18,7 +18,7 @@ import torch
 from openrlhf_populora.patches import openrlhf_0_11_2 as pinned
 from openrlhf_populora.patches.openrlhf_0_11_2 import cpu
 
-from openrlhf_populora.cli.train import local_engine_config
+from openrlhf_populora.build import local_engine_config
 from openrlhf_populora.config import Config
 from openrlhf_populora.engines.ray import ADAPTER_INFO_KEY, GROUP_INFO_KEY
 from openrlhf_populora.engines.ray import adapters_ds as ads

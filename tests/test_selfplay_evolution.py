@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from openrlhf_populora.cli.train import local_engine_config
+from openrlhf_populora.build import local_engine_config
 from openrlhf_populora.config import Config
 from openrlhf_populora.engines.scripted import scripted_engine
 from openrlhf_populora.selfplay.loop import SelfPlay

@@ -38,7 +38,7 @@ def policy(adapter: str, prompt: str, sample: int, rng) -> str:
 
 
 def make_loop(tmp_path, sandbox) -> SelfPlay:
-    from openrlhf_populora.cli.train import build_engine
+    from openrlhf_populora.build import build_engine
 
     config = Config()
     config.actor.model_name_or_path = "tiny"

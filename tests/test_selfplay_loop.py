@@ -94,7 +94,7 @@ def _config(run_dir: Path, **populora) -> Config:
 
 
 def _build(config: Config) -> ScriptedEngine:
-    from openrlhf_populora.cli.train import build_engine
+    from openrlhf_populora.build import build_engine
     from openrlhf_populora.models.embedded import resolve_model
 
     real = build_engine(config)  # the CLI's own mapping of flags onto the engine config

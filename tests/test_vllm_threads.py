@@ -22,7 +22,7 @@ SCRIPT = textwrap.dedent('''
     import torch
     from vllm import LLM
 
-    from openrlhf_populora.cli.train import local_engine_config
+    from openrlhf_populora.build import local_engine_config
     from openrlhf_populora.config import Config
     from openrlhf_populora.engines.local import LocalEngine
     from openrlhf_populora.models.tiny import VLLM_HEADS, save_tiny_model

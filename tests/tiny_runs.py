@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from openrlhf_populora.cli.train import local_engine_config
+from openrlhf_populora.build import local_engine_config
 from openrlhf_populora.config import Config
 from openrlhf_populora.engines.local import LocalEngine
 from openrlhf_populora.population.members import Population

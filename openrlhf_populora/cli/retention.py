@@ -683,7 +683,7 @@ def run_study(plan: Plan, engine_factory: Callable[[Config], Any] | None = None,
             if not todo:
                 continue
             if engine is None:
-                from openrlhf_populora.cli.train import build_engine
+                from openrlhf_populora.build import build_engine
 
                 engine = (engine_factory or build_engine)(plan.config)
                 sandbox = (sandbox_factory or default_sandbox)(plan.config)
@@ -725,7 +725,7 @@ def list_run(source: Source) -> None:
 
 def main(argv: list[str] | None = None, engine_factory: Callable[[Config], Any] | None = None,
          sandbox_factory: Callable[[Config], Any] | None = None) -> int:
-    """The command line. ``engine_factory`` (default ``cli.train.build_engine``) and ``sandbox_factory`` build
+    """The command line. ``engine_factory`` (default ``build.build_engine``) and ``sandbox_factory`` build
     the engine and sandbox from the run's config (tests pass scripted ones)."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=os.environ.get("POPULORA_LOG", "WARNING"),

@@ -33,7 +33,7 @@ class LocalEngineConfig:
     """Knobs of the embedded engine.
 
     Every knob the run's ``Config`` also holds has no default here: the composition layer
-    (``cli.train.local_engine_config``) maps ``Config``'s one set of values onto these fields, so the two trees
+    (``build.local_engine_config``) maps ``Config``'s one set of values onto these fields, so the two trees
     cannot disagree. The training fields are None on an engine that only generates
     (:meth:`for_inference`, used by evaluation); ``train_step`` then refuses. Only knobs of this engine's own
     implementation, which ``Config`` does not have, keep defaults.
