@@ -8,9 +8,9 @@ holds N adapters and groups of different sizes (a teacher's proposals, a student
   upstream's ``split_rollout_samples`` would produce (one sample = what ``_process_response_into_experience``
   builds; micro-batch = ``Experience.concat_experiences``, right padding), bucketed so that every micro-batch
   holds ONE adapter, and small enough that the forward scoring it stays within the scoring memory budget
-  (``memory.row_chunks``). Each sample carries ``info[ADAPTER_INFO_KEY]`` (its adapter's index in ``adapter_names``)
-  and ``info[GROUP_INFO_KEY]`` (its group's index in :func:`group_names` of the trajectories); its ``labels``
-  entry is the group name.
+  (``memory.row_chunks``). Each sample carries ``info[ADAPTER_INFO_KEY]`` (its adapter's index in
+  ``adapter_names``) and ``info[GROUP_INFO_KEY]`` (its group's index in :func:`group_names` of the
+  trajectories); its ``labels`` entry is the group name.
 - :class:`PopuLoRAExperienceMaker` keeps upstream's ``make_experience`` (old log-probs, reference KL) and
   adds ``adapter_name=[...]`` to the actor group's batched ``forward``; its ``compute_advantages_and_returns``
   reuses upstream's ``compute_reward`` and ``get_cumulative_returns`` but never reshapes globally and whitens
