@@ -211,6 +211,11 @@ class PopuLoRAConfig:
                 "difference allowed between vLLM and the trainer on a fixed probe's greedy and sampled tokens, per "
                 "engine (else the run stops naming the adapter); default 1e-3 when training in fp32, 0.1 in "
                 "bf16/fp16 (their kernels round differently). The local engine has nothing to sync"})
+    scoring_memory_gb: float = field(default=8.0, metadata={
+        "help": "Ray engine: the most memory, in GB (1e9 bytes), one scoring forward's logits may take (experience "
+                "making's old log-probs, the learning probe, the sync proof): rows x padded tokens x vocab x 6 bytes "
+                "(bf16 logits and upstream's fp32 copy). Calls are split into row chunks under it, at most "
+                "--rollout.micro_batch_size rows each; one row is never split. The local engine does not read it"})
     baseline_for: str | None = field(default=None, metadata={
         "help": "baseline mode: the population preset (a name in configs/, e.g. 4t4s, or a YAML path) this "
                 "baseline is compute-matched to; its settings are loaded under --config and the flags, except "
@@ -293,6 +298,8 @@ class Config:
             raise ValueError(f"--actor.adam.lr must be > 0, got {self.actor.adam.lr}")
         if p.sync_tolerance is not None and not p.sync_tolerance > 0:
             raise ValueError(f"--populora.sync_tolerance must be > 0, got {p.sync_tolerance}")
+        if not p.scoring_memory_gb > 0:
+            raise ValueError(f"--populora.scoring_memory_gb must be > 0, got {p.scoring_memory_gb}")
         if p.sandbox.timeout_s <= 0 or p.sandbox.memory_mb < 64:
             raise ValueError("--populora.sandbox.timeout_s must be > 0 and --populora.sandbox.memory_mb >= 64")
         if p.seed_file and not Path(p.seed_file).is_file():

@@ -87,10 +87,12 @@ class PolicyActor:
     def __init__(self, rank: int):
         self.strategy = ns(is_rank_0=lambda: rank == 0)
         self.calls: list[tuple[str, list[int]]] = []
+        self.shapes: list[tuple[int, int]] = []  # (rows, padded width) of every forward
         self.execute_batch = ns(remote=lambda *a: launcher.BaseModelActor.execute_batch(self, *a))
 
     def forward(self, sequences, action_mask, attention_mask, adapter_name, mm_train_inputs_list=None):
         self.calls.append((adapter_name, sequences[:, 0].tolist()))
+        self.shapes.append(tuple(sequences.shape))
         return bigram_log_probs(bigram_table(adapter_name), sequences, action_mask)
 
 
@@ -503,3 +505,23 @@ def test_micro_batches_are_dealt_evenly_over_the_ranks_with_equal_forward_counts
     adv = per_token([e for e in out if not is_padding(e)])
     for i, t in enumerate(trajectories):
         assert adv[i] == [pytest.approx(t.advantage)] * len(t.response_ids)
+
+
+def test_experience_forwards_stay_within_the_scoring_budget(identity_ray):
+    """Experience making runs one forward per micro-batch; with ``max_tokens`` (the scoring memory budget in
+    tokens, ``memory.scoring_tokens``) each holds at most that many tokens (rows x padded width) and at most
+    ``micro_batch_size`` rows, a longer sample alone; every sample's log-probs and advantages are the ones it gets
+    without the bound. Catches micro-batches of --rollout.micro_batch_size rows whatever their length."""
+    responses = [2, 9, 3, 3, 12, 2, 2]  # prompts of 3: widths 5, 12, 6, 6, 15, 5, 5
+    trajectories = [traj("t0", "t0/r", 3, n, float(i % 3) - 1.0, seed=60 + i) for i, n in enumerate(responses)]
+    free = make_maker(make_args(), actors=Group(PolicyActor, 1)).make_experience_batch(
+        build_experiences(trajectories, ADAPTERS, PAD, micro_batch_size=4))
+    actors = Group(PolicyActor, 1)
+    bounded = build_experiences(trajectories, ADAPTERS, PAD, micro_batch_size=4, max_tokens=14)
+    out = make_maker(make_args(), actors=actors).make_experience_batch(bounded)
+    # 5 then 12: 2 x 12 = 24 > 14, so 5 alone; 12 then 6: 24 > 14; 6 + 6: 12; then 15 (over 14) alone; 5 + 5: 10
+    assert actors._actor_handlers[0].shapes == [(1, 5), (1, 12), (2, 6), (1, 15), (2, 5)]
+    assert [e.index for e in out] == [[0], [1], [2, 3], [4], [5, 6]]
+    logp_free, logp = ({i: e.action_log_probs[r][e.action_mask[r].bool()].tolist()
+                        for e in got for r, i in enumerate(e.index)} for got in (free, out))
+    assert logp == logp_free and per_token(out) == per_token(free)

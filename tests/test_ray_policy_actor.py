@@ -164,6 +164,7 @@ def test_fit_trains_exactly_the_adapters_in_the_batch(cpu_patched, tiny_model_di
     assert ads.adapter_names(actor.actor) == NAMES
     assert actor.lora_config() == {"r": 4, "lora_alpha": 8, "target_modules": actor.lora_config()["target_modules"],
                                    "lora_dropout": 0.0}
+    assert actor.vocab_size() == 259  # the logits' width (256 bytes + 3 special tokens), under ZeRO-3 too
     distinct_adapters(actor)
     lp = {n: actor.forward(SEQ, ACTION, ATTN, adapter_name=n) for n in NAMES}
     assert all(not torch.equal(lp[a], lp[b]) for a in NAMES for b in NAMES if a < b)

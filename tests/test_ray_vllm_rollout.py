@@ -446,6 +446,9 @@ class _LocalActors:
     def lora_config(self):
         return self._lora_config
 
+    def vocab_size(self):
+        return self.engine.base.config.vocab_size
+
     def async_run_method(self, method_name, **kwargs):
         return [getattr(self, method_name)(**kwargs)]
 
@@ -485,7 +488,8 @@ def test_the_sync_proof_catches_an_upload_that_is_not_what_the_trainer_holds(tra
     rollout = _restricted_rollout(loop, model_dir)
     try:
         assert rollout.llm.vllm_config.lora_config.target_modules == ["qkv_proj"]
-        args = SimpleNamespace(populora=SimpleNamespace(adapter_names=list(ADAPTERS), sync_tolerance=None),
+        args = SimpleNamespace(populora=SimpleNamespace(adapter_names=list(ADAPTERS), sync_tolerance=None,
+                                                        scoring_memory_gb=8.0),
                                ds=SimpleNamespace(param_dtype="fp32"))
         host = SimpleNamespace(args=args, tokenizer=trained.tokenizer, vllm_engines=[_Now(rollout, loop)],
                                actor_model_group=_LocalActors(trained, lora_config))
@@ -530,7 +534,7 @@ def test_the_sync_proof_catches_an_adapter_one_update_stale_and_a_corrupted_uplo
     original = trained.get_adapter("s0")
     measured = SYNC_MEASURED.setdefault(param_dtype, {})
     try:
-        args = SimpleNamespace(populora=SimpleNamespace(adapter_names=list(ADAPTERS), sync_tolerance=None),
+        args = SimpleNamespace(populora=SimpleNamespace(adapter_names=list(ADAPTERS), sync_tolerance=None, scoring_memory_gb=8.0),
                                ds=SimpleNamespace(param_dtype=param_dtype))
         host = SimpleNamespace(args=args, tokenizer=trained.tokenizer, vllm_engines=[_Now(rollout, loop)],
                                actor_model_group=_LocalActors(trained, lora_config))
@@ -628,7 +632,7 @@ def test_the_ray_engine_gives_each_vllm_engine_the_requests_global_indices(train
             return [[{"response_ids": [5], "finished": True}] * sampling["n"] for _ in prompts]
 
     engines = [Engine(), Engine()]
-    args = SimpleNamespace(populora=SimpleNamespace(adapter_names=["s0"], sync_tolerance=1e-3),
+    args = SimpleNamespace(populora=SimpleNamespace(adapter_names=["s0"], sync_tolerance=1e-3, scoring_memory_gb=8.0),
                            ds=SimpleNamespace(param_dtype="fp32"))
     host = SimpleNamespace(args=args, tokenizer=trained.tokenizer, vllm_engines=[_Now(e, None) for e in engines],
                            actor_model_group=_LocalActors(trained, {}))
@@ -660,7 +664,7 @@ def test_a_prompt_too_long_for_vllm_is_answered_empty_instead_of_failing_the_ste
                 raise ValueError("The decoder prompt is longer than the maximum model length")
             return [[{"response_ids": [5], "finished": True}] * sampling["n"] for _ in prompts]
 
-    args = SimpleNamespace(populora=SimpleNamespace(adapter_names=["s0"], sync_tolerance=1e-3),
+    args = SimpleNamespace(populora=SimpleNamespace(adapter_names=["s0"], sync_tolerance=1e-3, scoring_memory_gb=8.0),
                            ds=SimpleNamespace(param_dtype="fp32"), data=SimpleNamespace(max_len=limit))
     host = SimpleNamespace(args=args, tokenizer=trained.tokenizer, vllm_engines=[_Now(Engine(), None)],
                            actor_model_group=_LocalActors(trained, {}))
@@ -688,7 +692,7 @@ def test_the_trainer_hands_its_engine_to_the_injected_run_function(trained, tmp_
                                              "    return 7\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     args = SimpleNamespace(populora=SimpleNamespace(adapter_names=["s0"], sync_tolerance=None,
-                                                    runner="fake_runner:run"), ds=SimpleNamespace(param_dtype="fp32"))
+                                                    scoring_memory_gb=8.0, runner="fake_runner:run"), ds=SimpleNamespace(param_dtype="fp32"))
     trainer = ray_trainer.PopuLoRATrainerBase.__new__(ray_trainer.PopuLoRATrainerBase)
     trainer.args, trainer.tokenizer, trainer.vllm_engines = args, trained.tokenizer, [object()]
     trainer.actor_model_group = _LocalActors(trained, {})

@@ -399,9 +399,26 @@ def clear_stale_grads(model: Any, names: Iterable[str]) -> None:
     parameter receives a gradient, so an adapter without gradient in the next step would see its previous
     gradient again -- in the global norm, in clipping and in the optimizer update (measured: a full
     learning-rate step on an adapter that was not in the batch). ZeRO-1/2 clear their gradients at every
-    step, so this is a no-op there. Collective under ZeRO-3.
+    step, so this is a no-op there. Not a collective: each rank zeroes its own partitions.
+
+    It runs after every window on every LoRA tensor of every adapter (at N = 16 on a 7B model, about 6,000
+    tensors a window, 100,000 a step), so it zeroes each partition where ZeRO-3 keeps it, in place, in one fused
+    call: no new tensor and no copy. DeepSpeed's own setter (``set_fp32_grad_for_param``) would need a full-size
+    tensor per parameter (on the host, then copied to the device); the partitions end up the same zeros.
     """
-    for name in names:
-        for param in lora_parameters(model, name).values():
-            if _zero3(param) and param.requires_grad:
-                param._z3_optimizer.set_fp32_grad_for_param(torch.zeros(_full_shape(param)), param)
+    partitions = [_grad_partition(param) for name in names for param in lora_parameters(model, name).values()
+                  if _zero3(param) and param.requires_grad]
+    if partitions:
+        torch._foreach_zero_(partitions)
+
+
+def _grad_partition(param: torch.nn.Parameter) -> torch.Tensor:
+    """This rank's gradient partition of a ZeRO-3 parameter: the view into the optimizer's flat gradient buffer
+    (on the device) that DeepSpeed's ``set_fp32_grad_for_param`` writes (a private accessor of the pinned
+    deepspeed 0.19.6, read-only use of its layout)."""
+    optimizer = param._z3_optimizer
+    if getattr(optimizer, "offload_optimizer", False):  # the partition would be a host or NVMe buffer
+        raise NotImplementedError("clearing stale gradients under ZeRO-3 needs the optimizer state on the "
+                                  "accelerator (no --ds.adam_offload)")
+    partition, _group = optimizer._get_fp32_grad_state_partition(param=param, release_swap_buffers=False)
+    return partition

@@ -7,9 +7,10 @@ holds N adapters and groups of different sizes (a teacher's proposals, a student
 - :func:`build_experiences` turns the loop's ``Trajectory`` list into the micro-batch ``Experience`` objects
   upstream's ``split_rollout_samples`` would produce (one sample = what ``_process_response_into_experience``
   builds; micro-batch = ``Experience.concat_experiences``, right padding), bucketed so that every micro-batch
-  holds ONE adapter. Each sample carries ``info[ADAPTER_INFO_KEY]`` (its adapter's index in ``adapter_names``)
-  and ``info[GROUP_INFO_KEY]`` (its group's index in :func:`group_names` of the trajectories); its ``labels``
-  entry is the group name.
+  holds ONE adapter, and small enough that the forward scoring it stays within the scoring memory budget
+  (``memory.row_chunks``). Each sample carries ``info[ADAPTER_INFO_KEY]`` (its adapter's index in
+  ``adapter_names``) and ``info[GROUP_INFO_KEY]`` (its group's index in :func:`group_names` of the
+  trajectories); its ``labels`` entry is the group name.
 - :class:`PopuLoRAExperienceMaker` keeps upstream's ``make_experience`` (old log-probs, reference KL) and
   adds ``adapter_name=[...]`` to the actor group's batched ``forward``; its ``compute_advantages_and_returns``
   reuses upstream's ``compute_reward`` and ``get_cumulative_returns`` but never reshapes globally and whitens
@@ -29,6 +30,7 @@ from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 
 from openrlhf_populora.engines.base import Trajectory
 from openrlhf_populora.engines.ray import ADAPTER_INFO_KEY, GROUP_INFO_KEY
+from openrlhf_populora.engines.ray.memory import row_chunks
 
 log = logging.getLogger(__name__)
 
@@ -107,13 +109,18 @@ def _sample(trajectory: Trajectory, index: int, adapter: int, group: int) -> Exp
 
 def build_experiences(
     trajectories: Sequence[Trajectory], adapter_names: Sequence[str], pad_token_id: int, micro_batch_size: int,
-    ranks: int = 1,
+    ranks: int = 1, max_tokens: int | None = None,
 ) -> list[Experience]:
     """One ``Experience`` per micro-batch of at most ``micro_batch_size`` samples, each of ONE adapter.
 
     ``ranks``: the data-parallel ranks the micro-batches will be dealt over (:func:`deal_experiences`); an
     adapter's micro-batches are then made small enough that there is one per rank where its samples allow
     (at most ``ceil(n / ranks)`` samples each), so every rank holds a share of every adapter.
+
+    ``max_tokens``: the most tokens (samples x the micro-batch's padded width) one micro-batch may hold, so that
+    the forward pass scoring it stays within the scoring memory budget (``memory.scoring_tokens``); a micro-batch
+    is closed early when the next sample would pass it (:func:`memory.row_chunks`), and one sample is always a
+    micro-batch. ``None``: no bound.
 
     Samples are bucketed by adapter (buckets in ``adapter_names`` order, input order kept within a bucket),
     then concatenated with upstream's ``Experience.concat_experiences`` (right padding: ``sequences`` with
@@ -139,8 +146,9 @@ def build_experiences(
     out = []
     for bucket in buckets:
         size = max(1, min(int(micro_batch_size), -(-len(bucket) // max(1, int(ranks)))))
-        out += [Experience.concat_experiences(bucket[start:start + size], pad_token_id)
-                for start in range(0, len(bucket), size)]
+        lengths = [int(sample.sequences.shape[1]) for sample in bucket]
+        out += [Experience.concat_experiences(bucket[chunk.start:chunk.stop], pad_token_id)
+                for chunk in row_chunks(lengths, size, max_tokens)]
     return out
 
 

@@ -495,6 +495,11 @@ class PopuLoRAPolicyActor(PolicyModelActor.__ray_actor_class__):
     def get_adapter_names(self) -> list[str]:
         return list(self.adapter_names)
 
+    def vocab_size(self) -> int:
+        """The width of the model's logits (its output embedding's rows): what a scoring forward's memory scales
+        with (``memory.logit_bytes``)."""
+        return int(ads.peft_model(self.actor).get_output_embeddings().out_features)
+
     def get_adapter_state(self, name: str, all_ranks: bool = False) -> dict[str, torch.Tensor] | None:
         """Adapter ``name`` in PEFT's saved format (fp32, CPU). Every rank calls (ZeRO-3 gathers); only rank 0
         returns it (the others return None, unless ``all_ranks``): one copy travels to the caller, not one per

@@ -21,6 +21,10 @@ log-probs vLLM reports on a few fixed probe prompts, decoded greedily and sample
 on the same tokens within ``--populora.sync_tolerance`` on the mean (per-dtype defaults, :data:`SYNC_TOLERANCE`).
 The largest difference is reported per adapter (``sync_logprob_diff`` in the step's diagnostics).
 
+**Scoring memory.** Every forward that scores log-probs (experience making, :meth:`RayEngine.token_log_probs`)
+holds at most ``--populora.scoring_memory_gb`` of logits (rows x padded tokens x vocab x 6 bytes, ``memory.py``):
+calls are split into chunks of rows.
+
 **Data parallelism.** ``train_step`` deals each adapter's micro-batches across the policy actor's ranks and pads
 every rank to the same count (:func:`experience.deal_experiences`): upstream hands each rank a contiguous chunk.
 
@@ -53,6 +57,7 @@ from openrlhf_populora.engines.base import (
     Trajectory,
     render_chat,
 )
+from openrlhf_populora.engines.ray import memory
 from openrlhf_populora.engines.ray.experience import (
     PopuLoRAExperienceMaker,
     build_experiences,
@@ -92,7 +97,11 @@ class RayEngine:
         if not self.vllm_engines:
             raise ValueError("the Ray engine generates with vLLM only: set --vllm.num_engines >= 1")
         self._names = list(self.args.populora.adapter_names)
-        self._lora_config = _get(self.actors._actor_handlers[0].lora_config.remote())
+        actor = self.actors._actor_handlers[0]
+        self._lora_config, vocab = _get([actor.lora_config.remote(), actor.vocab_size.remote()])
+        # the most tokens (rows x padded width) one scoring forward may hold: its logits, rows x tokens x vocab x 6
+        # bytes, stay within --populora.scoring_memory_gb (memory.py)
+        self.scoring_tokens = memory.scoring_tokens(float(self.args.populora.scoring_memory_gb) * memory.GB, vocab)
         self._uploaded: set[str] = set()
         self.global_step = 0
         tolerance = self.args.populora.sync_tolerance
@@ -233,7 +242,12 @@ class RayEngine:
 
     def token_log_probs(self, trajectories: Sequence[Trajectory]) -> list[list[float]]:
         """Each response token's log-prob at temperature 1 under its trajectory's adapter, as the policy actor
-        (the trainer's weights) computes it; one actor call per adapter (diagnostics, the sync probe, tests)."""
+        (the trainer's weights) computes it (diagnostics, the learning probe, the sync probe, tests).
+
+        Each adapter's rows are padded to their longest and scored in chunks of rows, in order, whose logits stay
+        within ``--populora.scoring_memory_gb`` (:func:`memory.rows_per_forward` rows of that width; at least
+        one): one actor call per chunk. Every chunk keeps the whole call's padded width, so a row's log-probs
+        do not depend on the chunking (bit-identical to one call in fp32 on CPU, tests/test_ray_scoring.py)."""
         out: list[list[float]] = [[] for _ in trajectories]
         pad = self.tokenizer.pad_token_id
         for name in dict.fromkeys(t.adapter for t in trajectories):
@@ -246,9 +260,11 @@ class RayEngine:
             for k, i in enumerate(index):
                 start = len(trajectories[i].prompt_ids) - 1
                 action[k, start: start + len(trajectories[i].response_ids)] = True
-            log_probs = _get(self.actors.async_run_method(
-                method_name="probe_log_probs", sequences=sequences, action_mask=action, attention_mask=attention,
-                adapter_name=name))[0]
+            step = memory.rows_per_forward(width, self.scoring_tokens)
+            refs = [self.actors.async_run_method(  # queued in order; the actors run them one at a time
+                method_name="probe_log_probs", sequences=sequences[lo:lo + step], action_mask=action[lo:lo + step],
+                attention_mask=attention[lo:lo + step], adapter_name=name) for lo in range(0, len(rows), step)]
+            log_probs = torch.cat([_get(ref)[0] for ref in refs])
             for k, i in enumerate(index):
                 out[i] = log_probs[k][action[k]].tolist()
         return out
@@ -310,8 +326,11 @@ class RayEngine:
         upload of every adapter it changed, with its sync proof (``sync_logprob_diff`` in its diagnostics)."""
         if not trajectories:
             return {}
+        # micro-batches of at most --rollout.micro_batch_size samples, each scored by one forward within the
+        # scoring memory budget
         experiences = build_experiences(trajectories, self._names, self.tokenizer.pad_token_id,
-                                        self.args.rollout.micro_batch_size, ranks=self.data_parallel_size)
+                                        self.args.rollout.micro_batch_size, ranks=self.data_parallel_size,
+                                        max_tokens=self.scoring_tokens)
         # each adapter's micro-batches dealt across the data-parallel ranks, every rank padded to the same count
         experiences = deal_experiences(experiences, self.data_parallel_size, self.tokenizer.pad_token_id)
         changed = sorted({t.adapter for t in trajectories})
