@@ -158,9 +158,11 @@ def test_thinning_brings_the_larger_arm_to_the_smaller_count():
 
 
 def test_seed_level_intervals_are_t_and_welch():
-    # Catches: a pooled-variance (Student) interval instead of Welch's, or a z instead of a t quantile.
+    # Catches: a pooled-variance (Student) interval instead of Welch's, or a z instead of a t quantile; the
+    # estimate, 1.0333.. - 0.025, lost (x_welch__mutmut_61).
     a, b = [1.0, 1.4, 0.7], [0.1, -0.5, 0.3, 0.2]
     welch = st.welch(a, b)
+    assert welch.estimate == pytest.approx(3.1 / 3 - 0.1 / 4) and welch.method == "Welch t, 3 vs 4 seeds"
     ci = stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
     assert (welch.lo, welch.hi) == pytest.approx((ci.low, ci.high), rel=1e-9)
     one = st.seed_mean(a)
@@ -314,9 +316,10 @@ def test_the_red_noise_half_width_is_z_times_the_red_noise_slope_sd():
 
 def test_difference_of_slopes_by_hand():
     # 0.5 [0.2, 0.8] minus 0.1 [0.0, 0.2]: 0.4 +- hypot(0.3, 0.1) = 0.4 +- sqrt(0.1).
-    # Catches: the upper end at estimate - half (x_difference_of_slopes__mutmut_17).
+    # Catches: the upper end at estimate - half (x_difference_of_slopes__mutmut_17); the method's text, which
+    # the verdict carries into compare.json, lost or changed (_11, _18, _19).
     interval = st.difference_of_slopes(st.Trend(10, 0.5, 0.2, 0.8), st.Trend(10, 0.1, 0.0, 0.2))
-    assert interval.estimate == pytest.approx(0.4)
+    assert interval.estimate == pytest.approx(0.4) and interval.method == "the two slopes' intervals combined"
     assert (interval.lo, interval.hi) == pytest.approx((0.4 - 0.1 ** 0.5, 0.4 + 0.1 ** 0.5), rel=1e-12)
 
 
@@ -326,14 +329,17 @@ def test_seeds_within_the_tolerance_itself_agree():
     assert st.seed_mean([0.0, 1e-12, 0.0]).lo == -np.inf
     assert st.welch([0.0, 1e-12, 0.0], [1.0, 1.0, 1.0]).hi == np.inf
     assert np.isfinite(st.seed_mean([0.0, 2e-12, 0.0]).lo)
+    # the tolerance is relative above 1: 1e-12 x 1000 = 1e-9 at 1000, so a spread of 1e-10 there is a tie.
+    # Catches: the tolerance divided by the values' size instead of multiplied (x__agree__mutmut_4).
+    assert st.seed_mean([1000.0, 1000.0 + 1e-10, 1000.0]).lo == -np.inf
 
 
 def test_tied_seeds_say_why_there_is_no_interval():
     # Catches: the tied seeds' method text dropped (x_seed_mean__mutmut_17): the report would not say why the
-    # interval is infinite.
+    # interval is infinite; Welch's tied estimate lost (x_welch__mutmut_26) or its lower end +inf (_34).
     tied = st.seed_mean([0.5, 0.5, 0.5])
     assert tied.method == f"t across 3 seeds: {st.NO_SPREAD}" and tied.estimate == 0.5
-    assert st.welch([3.0] * 2, [1.0] * 3).method == f"Welch t, 2 vs 3 seeds: {st.NO_SPREAD}"
+    assert st.welch([3.0] * 2, [1.0] * 3) == st.Interval(2.0, -np.inf, np.inf, f"Welch t, 2 vs 3 seeds: {st.NO_SPREAD}")
 
 
 def test_a_line_has_no_red_noise_and_no_index():
@@ -344,12 +350,13 @@ def test_a_line_has_no_red_noise_and_no_index():
 
 def test_difference_of_indices_by_hand():
     # 1.0 (spread 0.3) minus 0.2 (spread 0.4): 0.8 +- z(0.975) x hypot(0.3, 0.4) = 0.8 +- 1.959964 x 0.5.
-    # Catches: the first arm's spread left out (x_difference_of_indices__mutmut_13) and no upper end (_17).
+    # Catches: the first arm's spread left out (x_difference_of_indices__mutmut_13), no upper end (_17), and the
+    # method's text lost or changed (_18, _25, _26).
     first = st.Oscillation(40, index=1.0, spread=0.3)
     second = st.Oscillation(40, index=0.2, spread=0.4)
     interval = st.difference_of_indices(first, second)
     half = 1.959963984540054 * 0.5
-    assert interval.estimate == pytest.approx(0.8)
+    assert interval.estimate == pytest.approx(0.8) and interval.method == "red-noise spread of the two indices"
     assert (interval.lo, interval.hi) == pytest.approx((0.8 - half, 0.8 + half), rel=1e-12)
 
 
