@@ -366,3 +366,42 @@ def test_a_cell_with_no_programs_adds_exactly_nothing():
     # 1 - exp(a - b - a + b), zero only up to rounding (here 1 ulp off the same counts without the empty cell).
     assert st.rarefied_from_counts([5, 3, 1], 4) == pytest.approx(146 / 63, rel=1e-12)
     assert st.rarefied_from_counts([5, 0, 3, 1], 4) == st.rarefied_from_counts([5, 3, 1], 4)
+
+
+def test_oscillation_periods_by_hand():
+    # 8 steps 1..8: span 7 x 8/7 = 8 steps; k = 2, 2.5, 3, 3.5, 4 (= n/2, included) cycles: 8/k.
+    # Catches: whole k only (step 1 or none: x_oscillation_periods__mutmut_12, _15), n/2 itself left out (_16),
+    # k up to n/3 (_18) or past n/2 (_19).
+    assert st.oscillation_periods(np.arange(1.0, 9.0)) == pytest.approx([4.0, 3.2, 8 / 3, 16 / 7, 2.0], rel=1e-12)
+
+
+def test_sinusoid_amplitudes_take_integer_periods_in_steps():
+    # Catches: the periods handed on in their own dtype (x_sinusoid_amplitudes__mutmut_8, _10): integer periods
+    # would be read back from their bytes as floats, not as 10 and 5 steps.
+    ys = 0.3 * np.sin(2 * np.pi * STEPS / 10) + 0.05 * STEPS + 1.0
+    amplitudes = st.sinusoid_amplitudes(STEPS, ys[:, None], np.array([10, 5]))
+    assert amplitudes[0, 0] == pytest.approx(0.3, rel=1e-9) and amplitudes[1, 0] < 0.01
+
+
+def test_a_column_with_no_residual_has_statistic_zero():
+    # a constant column has no residual off its line (scale 0): no oscillation, statistic 0, not 0/0.
+    # Catches: dividing by a zero scale (>= 0 for > 0: x_oscillation_statistic__mutmut_36).
+    statistic, _ = st.oscillation_statistic(STEPS, np.full((40, 1), 2.0), st.oscillation_periods(STEPS))
+    assert statistic.tolist() == [0.0]
+
+
+def test_eight_points_are_enough_for_an_oscillation():
+    # Catches: oscillation first measured at 9 points instead of 8 (x_oscillation__mutmut_8).
+    xs = np.arange(1.0, 9.0)
+    ys = np.array([0.2, 0.9, 0.1, 0.8, 0.3, 1.0, 0.0, 0.7])
+    assert st.oscillation(xs, ys, surrogates=19).index is not None
+    assert st.oscillation(xs[:7], ys[:7], surrogates=19) == st.Oscillation(7)
+
+
+def test_rarefied_cells_at_zero_and_one_program():
+    # one program drawn occupies exactly one cell; none, or no programs at all, occupy none.
+    # Catches: m = 1 treated as none (<= 1 for <= 0: x_rarefied_from_counts__mutmut_19) and none counted as one
+    # cell (_20).
+    assert st.rarefied_cells([1, 1, 2, 3], 1) == pytest.approx(1.0, rel=1e-12)
+    assert st.rarefied_cells([1, 1, 2, 3], 0) == 0.0
+    assert st.rarefied_cells([], 5) == 0.0
