@@ -405,3 +405,45 @@ def test_rarefied_cells_at_zero_and_one_program():
     assert st.rarefied_cells([1, 1, 2, 3], 1) == pytest.approx(1.0, rel=1e-12)
     assert st.rarefied_cells([1, 1, 2, 3], 0) == 0.0
     assert st.rarefied_cells([], 5) == 0.0
+
+
+def test_the_line_tolerance_is_relative_with_a_floor_of_one():
+    # A residual counts when some |r| > 1e-12 x max(1, max |y|). 8 steps, r = +-a in the pattern
+    # [1, -1, -1, 1, 1, -1, -1, 1] (zero mean, zero slope on 1..8, so it is its own residual, exactly).
+    x8 = np.arange(1.0, 9.0)
+    pattern = np.array([1.0, -1.0, -1.0, 1.0, 1.0, -1.0, -1.0, 1.0])
+    # a = 1e-12, the tolerance itself: still a line. Catches: >= for > (x_oscillation__mutmut_39).
+    assert st.oscillation(x8, 1e-12 * pattern, surrogates=19).index is None
+    # a = 1.5e-12 on values under 1: measured. Catches: a floor of 2 instead of 1 (x_oscillation__mutmut_46).
+    assert st.oscillation(x8, 1.5e-12 * pattern, surrogates=19).index is not None
+    # a line at 5000 leaves rounding residuals near 1e-12, far under 1e-12 x 5148: still a line.
+    # Catches: the tolerance divided by the series' size (x_oscillation__mutmut_40).
+    assert st.oscillation(STEPS, 5000.0 + 3.7 * STEPS, surrogates=19).index is None
+
+
+def test_a_line_reports_a_zero_amplitude_at_a_candidate_period():
+    # Catches: a line's amplitude (x_oscillation__mutmut_50) or period (_51) reported as None.
+    osc = st.oscillation(STEPS, 0.01 * STEPS + 3.0)
+    assert osc.amplitude < 1e-12 and osc.period in st.oscillation_periods(STEPS).tolist()
+
+
+def test_repeated_single_step_gives_no_oscillation():
+    # Catches: the one-step check made ptp == 1 (x_oscillation__mutmut_12): eight values at one step would be
+    # fitted over a span of zero.
+    assert st.oscillation([5.0] * 8, np.arange(8.0), surrogates=19) == st.Oscillation(8)
+
+
+def test_index_spread_and_p_value_are_read_off_the_surrogates():
+    # The documented recipe from the module's parts: the statistic is the amplitude over the residual's standard
+    # deviation; the surrogates are AR(1) series with the fitted phi and the same seed; index = log(statistic)
+    # - median(log(null)), spread = their standard deviation (ddof 1), p = (1 + #null >= statistic) / (S + 1).
+    # Catches: the median added instead of subtracted (x_oscillation__mutmut_112), ddof 2 (_118).
+    ys = 0.5 * np.sin(2 * np.pi * STEPS / 8) + syn.red_noise(0.3, 40, np.random.default_rng(9))
+    osc = st.oscillation(STEPS, ys, surrogates=99, seed=4)
+    statistic = osc.amplitude / st.line_residuals(ys[:, None])[:, 0].std()
+    null, _ = st.oscillation_statistic(STEPS, st.ar1_series(osc.phi, 40, 99, np.random.default_rng(4)),
+                                       st.oscillation_periods(STEPS))
+    log_null = np.log(null)
+    assert osc.index == pytest.approx(np.log(statistic) - np.median(log_null), rel=1e-9)
+    assert osc.spread == pytest.approx(np.std(log_null, ddof=1), rel=1e-12)
+    assert osc.p_value == (1 + np.sum(null >= statistic)) / 100
