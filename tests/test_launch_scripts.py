@@ -238,3 +238,46 @@ def test_the_launchers_ray_init_merges_with_the_jobs_runtime_env():
     hooked = {"worker_process_setup_hook": "user.hook", "env_vars": {}}
     assert _merge_runtime_env(hooked, cluster.driver_runtime_env({}, {"worker_process_setup_hook": "x"},
                                                                  job=hooked)) is not None
+
+
+@pytest.mark.parametrize(("script", "nodes"), [("ray_job_multinode.sh", "NNODES"),
+                                               ("slurm_populora.sbatch", "SLURM_JOB_NUM_NODES")])
+def test_tensor_parallelism_that_would_span_nodes_is_refused_at_once(script, nodes):
+    """Each tensor-parallel worker of a vLLM engine reads the adapter files itself, from its own node's disk, so
+    an engine split across nodes fails its first adapter upload (vLLM's LoRAAdapterNotFoundError). 2 nodes x 8
+    GPUs with VLLM_TP=16 divides the 16 GPUs but not a node's 8. Catches: lib.sh checking all GPUs % VLLM_TP."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RAY_ADDRESS"))}
+    environment.update(DRY_RUN="1", PRESET="4t4s", VLLM_TP="16", **{nodes: "2"})
+    out = subprocess.run(["bash", str(LAUNCH / script)], cwd=ROOT, env=environment, capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert "VLLM_TP=16 does not divide GPUS_PER_NODE=8" in out.stderr and out.stdout == ""
+    # a tensor-parallel size that divides a node's GPUs is fine, on any number of nodes
+    assert "--vllm.tensor_parallel_size" in dry_run(script, PRESET="4t4s", VLLM_TP="4", **{nodes: "2"})
+
+
+def test_the_launcher_refuses_an_engine_split_across_nodes(capsys):
+    """The same rule in the Python launch, for commands not built by lib.sh. Catches: no check there (the run
+    starts and fails at the first adapter upload)."""
+    topology = ["--actor.model_name_or_path", "/m", "--ds.lora.rank", "8", "--train.colocate_all",
+                "--actor.num_nodes", "2", "--actor.num_gpus_per_node", "8"]
+    with pytest.raises(SystemExit) as exit_:
+        launch.parse_launch_args([*topology, "--vllm.num_engines", "1", "--vllm.tensor_parallel_size", "16"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert "--vllm.tensor_parallel_size 16 does not divide --actor.num_gpus_per_node 8" in err, err
+    args = launch.parse_launch_args([*topology, "--vllm.num_engines", "4", "--vllm.tensor_parallel_size", "4"])
+    assert args.vllm.tensor_parallel_size == 4
+
+
+def test_cpu_workers_get_sdpa_where_the_cluster_flags_name_flash_attention():
+    """common.args names flash_attention_2 (right on GPUs); on CPU workers transformers refuses it at the first
+    model load ("FlashAttention2 has been toggled on, but it cannot be used"), as a `ray job submit` of the shipped
+    ray_job_1node.sh to a CPU Ray head did. Catches: the CPU decision not reaching the attention implementation."""
+    argv = plugin_argv(dry_run("ray_job_1node.sh", PRESET="1t1s"))
+    assert argv[argv.index("--ds.attn_implementation") + 1] == "flash_attention_2"
+    assert launch.parse_launch_args(argv, cpu=True).ds.attn_implementation == "sdpa"
+    assert launch.parse_launch_args(argv, cpu=False).ds.attn_implementation == "flash_attention_2"
+    # an implementation that runs on CPU is kept
+    eager = launch.parse_launch_args([*argv, "--ds.attn_implementation", "eager"], cpu=True)
+    assert eager.ds.attn_implementation == "eager"
