@@ -45,9 +45,8 @@ def tensor_parallel_fits(gpus_per_node: int, tensor_parallel_size: int) -> Check
     if ok:
         return Check("tensor parallelism fits a node", True, detail)
     return Check("tensor parallelism fits a node", False,
-                 f"{detail}: tensor parallelism {tensor_parallel_size} does not divide {gpus_per_node} GPUs a node, "
-                 "so an engine would span nodes, and its workers on the other node cannot read the adapter files "
-                 "(written on the engine's own node)",
+                 f"an engine's {tensor_parallel_size} GPUs would span nodes of {gpus_per_node}, and its workers on the "
+                 "other node cannot read the adapter files (written on the engine's own node)",
                  f"use a tensor-parallel size that divides the GPUs per node (here one of "
                  f"{', '.join(str(d) for d in _divisors(gpus_per_node))})")
 
