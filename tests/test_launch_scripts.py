@@ -290,8 +290,9 @@ SLURM_STUBS = {
             '  case $1 in -w|-n|-N|-c) shift 2 ;; *) shift ;; esac\ndone\nexec "$@"\n',
     "scontrol": 'echo "scontrol $*" >>"$STUB_LOG"\nprintf "gpu-a\\ngpu-b\\n"\n',
     "ray": 'echo "ray $*" >>"$STUB_LOG"\n',
-    # the script's node count (a heredoc on stdin), the job SDK check, the job follower
-    "python3": 'echo "python3 $*" >>"$STUB_LOG"\nif [[ $1 == - ]]; then echo 2; '
+    # the script's count of Ray nodes up (a heredoc on stdin: the `ray start`s so far), the job SDK check, the
+    # job follower
+    "python3": 'echo "python3 $*" >>"$STUB_LOG"\nif [[ $1 == - ]]; then grep -c "^ray start" "$STUB_LOG" || true; '
                'elif [[ $1 == *ray_job_follow.py ]]; then echo "launch: job $3 SUCCEEDED"; fi\n',
     # a Debian /etc/hosts maps the hostname to 127.0.1.1; docker0 comes first in `hostname -I`
     "hostname": 'echo "hostname $*" >>"$STUB_LOG"\ncase $1 in --ip-address) echo 127.0.1.1 ;; '
