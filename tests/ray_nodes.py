@@ -102,27 +102,31 @@ def node_flags(ports: list[int], gpus: int, cpus: int) -> list[str]:
 
 
 @contextlib.contextmanager
-def local_cluster(nodes: int, gpus: int, cpus: int) -> Iterator[dict[str, str]]:
-    """A head and ``nodes - 1`` more raylets on this machine, ``gpus`` logical GPUs and ``cpus`` CPUs each.
-    Yields the addresses: ``dashboard`` (the job API), ``gcs``, and the nodes' ``temp`` dir."""
+def local_cluster(nodes: int, gpus: int, cpus: int, env: dict[str, str] | None = None,
+                  node_envs: list[dict[str, str]] | None = None) -> Iterator[dict]:
+    """A head and ``nodes - 1`` more raylets on this machine, ``gpus`` logical GPUs and ``cpus`` CPUs each, every
+    one with :func:`node_env` plus ``env`` plus its own entry of ``node_envs`` (a raylet's workers inherit its
+    environment, as on separate machines). Yields the addresses: ``dashboard`` (the job API), ``gcs``, the nodes'
+    ``temp`` dir, and each node's ``node_manager_ports`` (what ``ray.nodes()`` reports as ``NodeManagerPort``)."""
     temp = tempfile.mkdtemp(prefix="prh-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     gcs, dashboard, client, *ports = free_ports(3 + nodes * 6)
-    env = node_env()
+    envs = [node_env(**{**(env or {}), **(node_envs or [{}] * nodes)[index]}) for index in range(nodes)]
     started = []
     try:
         head = [str(VENV_BIN / "ray"), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(gcs),
                 "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard),
                 "--ray-client-server-port", str(client), "--temp-dir", temp, *node_flags(ports[:6], gpus, cpus)]
-        started.append(subprocess.Popen(head, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        started.append(subprocess.Popen(head, env=envs[0], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                         start_new_session=True))
-        wait_for_nodes(f"127.0.0.1:{gcs}", 1, env)
+        wait_for_nodes(f"127.0.0.1:{gcs}", 1, envs[0])
         for index in range(1, nodes):
             worker = [str(VENV_BIN / "ray"), "start", "--address", f"127.0.0.1:{gcs}", "--node-ip-address",
                       "127.0.0.1", *node_flags(ports[6 * index:6 * index + 6], gpus, cpus)]
-            started.append(subprocess.Popen(worker, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                            start_new_session=True))
-        wait_for_nodes(f"127.0.0.1:{gcs}", nodes, env)
-        yield {"dashboard": f"http://127.0.0.1:{dashboard}", "gcs": f"127.0.0.1:{gcs}", "temp": temp}
+            started.append(subprocess.Popen(worker, env=envs[index], stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.DEVNULL, start_new_session=True))
+        wait_for_nodes(f"127.0.0.1:{gcs}", nodes, envs[0])
+        yield {"dashboard": f"http://127.0.0.1:{dashboard}", "gcs": f"127.0.0.1:{gcs}", "temp": temp,
+               "node_manager_ports": [ports[6 * index] for index in range(nodes)]}
     finally:
         for node in reversed(started):
             node.send_signal(signal.SIGTERM)

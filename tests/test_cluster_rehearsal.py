@@ -1,21 +1,27 @@
 """The cluster path as users run it, on this machine, with real services and the shipped scripts unchanged.
 
-**Ray.** A two-node Ray cluster (a head and a second raylet, one logical GPU each, their own temp dir and ports)
-gets the runs through ``launch/ray_job_1node.sh`` and ``launch/ray_job_multinode.sh`` (``ray job submit``),
-with only environment variables set and flags appended, and the default *relative* ``RUN_DIR``: two policy
+**Ray.** A two-node Ray cluster (a head and a second raylet, one logical GPU each, their own temp dir, ports and
+adapter directory, ``POPULORA_ADAPTER_DIR``) gets the runs through ``launch/ray_job_1node.sh`` and
+``launch/ray_job_multinode.sh`` (``ray job submit``), with only environment variables set and flags appended (none
+for the CPU: the cluster's CPU decision gives attention ``sdpa`` over common.args' flash-attn), the model named
+as users name it, by a hub id (``MODEL=org/tiny-coder``, resolved offline from the HF cache under the nodes'
+``HF_HOME``, by DeepSpeed, vLLM and the controller's learning probe alike), and the default *relative*
+``RUN_DIR``: two policy
 actor ranks, one per node, and two vLLM engines, under ZeRO-2 and under ZeRO-3 (DeepSpeed's default
 persistence threshold), two steps, then ``--ckpt.load_enable`` to a third, which must equal the third step of
 an uninterrupted run. What it catches: the job's runtime env colliding with the launcher's ``ray.init``, CPU
 mode applied (or ``num_cpus``/``num_gpus`` passed) when joining a cluster, a relative run directory resolved
-on a node's own directory, fewer micro-batches than ranks, unequal forward passes under ZeRO-3.
+on a node's own directory, fewer micro-batches than ranks, unequal forward passes under ZeRO-3, a hub id refused
+anywhere, flash-attn asked of CPU workers, and an engine writing or reading adapter files outside its own node's
+directory.
 
 The tiny random model writes no valid task, so, as in ``tests/test_ray_e2e.py``, the completions are scripted
 (the job's runtime env names the run function, ``$POPULORA_RAY_RUNNER``): generation still goes through vLLM,
 training through DeepSpeed on both ranks, uploads through the sync proof.
 
 **Slurm.** A single-node Slurm from Debian's ``slurm-wlm`` and ``munge`` (installed with apt when missing),
-cgroups off: ``sbatch launch/slurm_populora.sbatch`` for a two-step run, and the allocation released when
-the job ends.
+cgroups off: ``sbatch launch/slurm_populora.sbatch`` for a two-step run on the same hub-id model, and the
+allocation released when the job ends.
 
 Each service is started by a fixture and torn down in ``finally``; only this module's processes are stopped
 (never ``ray stop``, which stops every Ray on the machine). A service that cannot start here (no root, no apt)
@@ -38,6 +44,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hf_cache import cache_model
 from ray_nodes import START_TIMEOUT_S, free_ports, kill_tree, local_cluster, node_env, own_processes
 
 from openrlhf_populora.engines.adapter_files import read_peft_adapter
@@ -52,6 +59,7 @@ pytestmark = [
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB_TIMEOUT_S = 900
+HUB_MODEL = "org/tiny-coder"  # the tiny vLLM-servable model, in an HF cache, under a hub id
 
 RUNNER = r'''
 import json, re
@@ -86,8 +94,18 @@ def _node(handle):
     return ray.get(handle.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()))
 
 
+def _adapter_files(self):
+    """An engine's node, its node's POPULORA_ADAPTER_DIR, its payload folder and every file vLLM reads."""
+    import os
+
+    requests = [*self._adapters.values(), *([self._base_request] if self._base_request else [])]
+    return {"node": ray.get_runtime_context().get_node_id(), "env": os.environ.get("POPULORA_ADAPTER_DIR"),
+            "dir": str(self._adapter_dir), "lora_paths": [r.lora_path for r in requests]}
+
+
 def run(args, engine):
-    """Record where the ranks and engines run and what the driver resolved, then the scripted run."""
+    """Record where the ranks and engines run and what the driver resolved, then the scripted run, then where
+    each engine's adapter files are."""
     out = Path(args.ckpt.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "placement.json").write_text(json.dumps({
@@ -96,14 +114,19 @@ def run(args, engine):
         "data_parallel_size": engine.data_parallel_size,
         "output_dir": args.ckpt.output_dir, "ckpt_path": args.ckpt.path,
         "param_dtype": args.ds.param_dtype, "zero_stage": args.ds.zero_stage,
+        "attn_implementation": args.ds.attn_implementation, "model": args.actor.model_name_or_path,
     }))
     engine.__class__ = scripted_engine(policy, base=RayEngine)
-    return run_selfplay(args, engine)
+    status = run_selfplay(args, engine)
+    (out / "adapter_files.json").write_text(json.dumps({
+        "engines": ray.get([e.__ray_call__.remote(_adapter_files) for e in engine.vllm_engines]),
+        "node_manager_ports": {n["NodeID"]: n["NodeManagerPort"] for n in ray.nodes() if n["Alive"]},
+    }))
+    return status
 '''
 
 # the run, appended to the shipped script's command (flags after the script win): a small 1t1s on the tiny model
-FLAGS = [
-    "--ds.attn_implementation", "sdpa",  # common.args names flash-attn; its bf16 runs natively on this CPU
+FLAGS = [  # no --ds.attn_implementation: common.args names flash-attn, and the CPU decision makes it sdpa
     "--populora.task_types", "code_o", "--populora.proposals_per_teacher", "2", "--populora.solver_tasks", "2",
     "--populora.solver_samples", "2", "--populora.references", "2", "--populora.prompts", "compact",
     "--populora.seed_file", str(ROOT / "configs" / "seeds" / "basic.jsonl"), "--populora.sandbox.workers", "1",
@@ -111,13 +134,6 @@ FLAGS = [
     "--actor.adam.lr", "1e-3", "--train.seed", "42", "--ckpt.save_steps", "1", "--no-populora.report",
 ]
 TWO_RANKS = ["--rollout.micro_batch_size", "2"]  # 3 micro-batches (2 + 4 samples) over 2 ranks: one is padded
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    """Two Ray nodes on this machine (head + a second raylet), one logical GPU and 4 logical CPUs each."""
-    with local_cluster(nodes=2, gpus=1, cpus=4) as cluster:
-        yield cluster
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +148,29 @@ def workdir():
 
 
 @pytest.fixture(scope="module")
+def hf_home(workdir) -> Path:
+    """An HF home whose hub cache holds the tiny vLLM-servable model as :data:`HUB_MODEL`, as a download leaves
+    it (nothing is downloaded: every process runs with HF_HUB_OFFLINE=1)."""
+    from openrlhf_populora.models.tiny import VLLM_HEADS, save_tiny_model
+
+    home = workdir / "hf-home"
+    source = save_tiny_model(workdir / "tiny-source", seed=0, heads=VLLM_HEADS)
+    cache_model(home, HUB_MODEL, Path(source))
+    shutil.rmtree(source)
+    return home
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(workdir, hf_home):
+    """Two Ray nodes on this machine (head + a second raylet), one logical GPU and 4 logical CPUs each, both with
+    ``HF_HOME`` and each with its own ``POPULORA_ADAPTER_DIR`` (node-local storage, as on separate machines)."""
+    adapter_dirs = [workdir / f"node{index}-adapters" for index in range(2)]
+    with local_cluster(nodes=2, gpus=1, cpus=4, env={"HF_HOME": str(hf_home)},
+                       node_envs=[{"POPULORA_ADAPTER_DIR": str(d)} for d in adapter_dirs]) as cluster:
+        yield {**cluster, "adapter_dirs": [str(d) for d in adapter_dirs]}
+
+
+@pytest.fixture(scope="module")
 def runner_dir(workdir) -> Path:
     folder = workdir / "runner"
     folder.mkdir()
@@ -139,17 +178,24 @@ def runner_dir(workdir) -> Path:
     return folder
 
 
+def _python_path(runner_dir: Path) -> str:
+    """The job's PYTHONPATH: the runner, then this checkout (the code under test, wherever the venv's editable
+    install points)."""
+    return os.pathsep.join([str(runner_dir), str(ROOT)])
+
+
 def _submit(script: str, cwd: Path, cluster: dict, runner_dir: Path, *flags: str, **env: str):
     runtime_env = {"env_vars": {  # the old default's key (TOKENIZERS_PARALLELISM) included on purpose
-        "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(runner_dir),
+        "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": _python_path(runner_dir),
         "POPULORA_RAY_RUNNER": "populora_rehearsal_runner:run"}}
-    environment = node_env(RAY_ADDRESS=cluster["dashboard"], PRESET="1t1s", MODEL="tiny",
+    environment = node_env(RAY_ADDRESS=cluster["dashboard"], PRESET="1t1s", MODEL=HUB_MODEL,
                            RUNTIME_ENV=json.dumps(runtime_env), **env)
     tic = time.monotonic()
     done = subprocess.run(["bash", str(ROOT / "launch" / script), *FLAGS, *flags], cwd=cwd, env=environment,
                           capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
     print(f"[rehearsal] {script} {' '.join(flags)}: {time.monotonic() - tic:.0f} s", file=sys.stderr)
-    assert done.returncode == 0, (done.stdout[-8000:], done.stderr[-3000:])
+    errors = [line for line in done.stdout.splitlines() if "Error" in line][:30]  # the root cause, often early
+    assert done.returncode == 0, ("\n".join(errors), done.stdout[-8000:], done.stderr[-3000:])
     # followed to its end by launch/ray_job_follow.py, under lib.sh's default submission id
     assert re.search(r"launch: job populora-1t1s-\S+ SUCCEEDED", done.stderr), \
         (done.stdout[-3000:], done.stderr[-3000:])
@@ -164,11 +210,26 @@ def _comparable(record: dict) -> dict:
     return {k: v for k, v in record.items() if not k.startswith("time") and k != "time"}
 
 
+def _check_adapter_files(run: Path, cluster: dict) -> None:
+    """Each engine wrote its adapter files in its own node's POPULORA_ADAPTER_DIR, and vLLM reads every adapter
+    from there (nothing from the other node's)."""
+    files = json.loads((run / "adapter_files.json").read_text())
+    ports = cluster["node_manager_ports"]
+    dirs = []
+    for engine in files["engines"]:
+        own = cluster["adapter_dirs"][ports.index(files["node_manager_ports"][engine["node"]])]
+        assert engine["env"] == own and Path(engine["dir"]).parent == Path(own), (engine, own)
+        assert engine["lora_paths"] and all(Path(p).parent == Path(engine["dir"]) for p in engine["lora_paths"]), engine
+        dirs.append(own)
+    assert len(set(dirs)) == 2, files  # two engines, one per node, two directories
+
+
 def _check_run(run: Path, steps: list[int], stage: int) -> dict:
     placement = json.loads((run / "placement.json").read_text())
     # the relative default RUN_DIR was made absolute where the script ran: everything is in one directory
     assert placement["output_dir"] == str(run) and placement["ckpt_path"] == str(run / "checkpoints"), placement
     assert placement["zero_stage"] == stage and placement["param_dtype"] == "bf16"
+    assert placement["model"] == HUB_MODEL and placement["attn_implementation"] == "sdpa", placement
     # two ranks, one per node; two engines, one per node (colocated on the ranks' bundles)
     assert placement["data_parallel_size"] == 2 and len(set(placement["actors"])) == 2, placement
     assert len(set(placement["engines"])) == 2, placement
@@ -195,6 +256,7 @@ def test_shipped_scripts_run_two_ranks_over_two_ray_nodes_and_resume(ray_cluster
     _submit(script, halves, ray_cluster, runner_dir, *zero, "--populora.total_steps", "2", **topology)
     run = halves / "runs" / "populora-1t1s"  # lib.sh's default RUN_DIR, relative to where the script ran
     _check_run(run, [1, 2], stage)
+    _check_adapter_files(run, ray_cluster)
     first = _jsonl(run / "metrics.jsonl")
     _submit(script, halves, ray_cluster, runner_dir, *zero, "--populora.total_steps", "3", "--ckpt.load_enable",
             **topology)
@@ -336,13 +398,14 @@ def slurm():
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def test_slurm_batch_script_runs_two_steps_and_releases_the_allocation(slurm, runner_dir, workdir):
+def test_slurm_batch_script_runs_two_steps_and_releases_the_allocation(slurm, runner_dir, workdir, hf_home):
     env = slurm["env"]
     temp = tempfile.mkdtemp(prefix="prs-", dir="/tmp")  # this job's Ray: own temp dir and ports
     gcs, dashboard, client, *ports = free_ports(3 + 6)
     run = workdir / "slurm-run"
-    runtime_env = {"env_vars": {"PYTHONPATH": str(runner_dir), "POPULORA_RAY_RUNNER": "populora_rehearsal_runner:run"}}
-    job_env = dict(env, PRESET="1t1s", MODEL="tiny", GPUS_PER_NODE="1", RUN_DIR=str(run),
+    runtime_env = {"env_vars": {"PYTHONPATH": _python_path(runner_dir),
+                                "POPULORA_RAY_RUNNER": "populora_rehearsal_runner:run"}}
+    job_env = dict(env, PRESET="1t1s", MODEL=HUB_MODEL, HF_HOME=str(hf_home), GPUS_PER_NODE="1", RUN_DIR=str(run),
                    RAY_PORT=str(gcs), DASHBOARD_PORT=str(dashboard), RUNTIME_ENV=json.dumps(runtime_env),
                    RAY_START_ARGS=" ".join([
                        "--temp-dir", temp, "--num-cpus", "4", "--object-store-memory", str(200 * 1024 ** 2),

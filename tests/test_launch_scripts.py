@@ -238,3 +238,126 @@ def test_the_launchers_ray_init_merges_with_the_jobs_runtime_env():
     hooked = {"worker_process_setup_hook": "user.hook", "env_vars": {}}
     assert _merge_runtime_env(hooked, cluster.driver_runtime_env({}, {"worker_process_setup_hook": "x"},
                                                                  job=hooked)) is not None
+
+
+@pytest.mark.parametrize(("script", "nodes"), [("ray_job_multinode.sh", "NNODES"),
+                                               ("slurm_populora.sbatch", "SLURM_JOB_NUM_NODES")])
+def test_tensor_parallelism_that_would_span_nodes_is_refused_at_once(script, nodes):
+    """Each tensor-parallel worker of a vLLM engine reads the adapter files itself, from its own node's disk, so
+    an engine split across nodes fails its first adapter upload (vLLM's LoRAAdapterNotFoundError). 2 nodes x 8
+    GPUs with VLLM_TP=16 divides the 16 GPUs but not a node's 8. Catches: lib.sh checking all GPUs % VLLM_TP."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RAY_ADDRESS"))}
+    environment.update(DRY_RUN="1", PRESET="4t4s", VLLM_TP="16", **{nodes: "2"})
+    out = subprocess.run(["bash", str(LAUNCH / script)], cwd=ROOT, env=environment, capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert "VLLM_TP=16 does not divide GPUS_PER_NODE=8" in out.stderr and out.stdout == ""
+    # a tensor-parallel size that divides a node's GPUs is fine, on any number of nodes
+    assert "--vllm.tensor_parallel_size" in dry_run(script, PRESET="4t4s", VLLM_TP="4", **{nodes: "2"})
+
+
+def test_the_launcher_refuses_an_engine_split_across_nodes(capsys):
+    """The same rule in the Python launch, for commands not built by lib.sh. Catches: no check there (the run
+    starts and fails at the first adapter upload)."""
+    topology = ["--actor.model_name_or_path", "/m", "--ds.lora.rank", "8", "--train.colocate_all",
+                "--actor.num_nodes", "2", "--actor.num_gpus_per_node", "8"]
+    with pytest.raises(SystemExit) as exit_:
+        launch.parse_launch_args([*topology, "--vllm.num_engines", "1", "--vllm.tensor_parallel_size", "16"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert "--vllm.tensor_parallel_size 16 does not divide --actor.num_gpus_per_node 8" in err, err
+    args = launch.parse_launch_args([*topology, "--vllm.num_engines", "4", "--vllm.tensor_parallel_size", "4"])
+    assert args.vllm.tensor_parallel_size == 4
+
+
+def test_cpu_workers_get_sdpa_where_the_cluster_flags_name_flash_attention():
+    """common.args names flash_attention_2 (right on GPUs); on CPU workers transformers refuses it at the first
+    model load ("FlashAttention2 has been toggled on, but it cannot be used"), as a `ray job submit` of the shipped
+    ray_job_1node.sh to a CPU Ray head did. Catches: the CPU decision not reaching the attention implementation."""
+    argv = plugin_argv(dry_run("ray_job_1node.sh", PRESET="1t1s"))
+    assert argv[argv.index("--ds.attn_implementation") + 1] == "flash_attention_2"
+    assert launch.parse_launch_args(argv, cpu=True).ds.attn_implementation == "sdpa"
+    assert launch.parse_launch_args(argv, cpu=False).ds.attn_implementation == "flash_attention_2"
+    # an implementation that runs on CPU is kept
+    eager = launch.parse_launch_args([*argv, "--ds.attn_implementation", "eager"], cpu=True)
+    assert eager.ds.attn_implementation == "eager"
+
+
+# stand-ins for Slurm, Ray and the network tools: each records its command line in $STUB_LOG
+SLURM_STUBS = {
+    # runs the step's command after its options, as Slurm would on the node named by -w
+    "srun": 'echo "srun $*" >>"$STUB_LOG"\nwhile [[ $# -gt 0 && $1 == -* ]]; do\n'
+            '  case $1 in -w|-n|-N|-c) shift 2 ;; *) shift ;; esac\ndone\nexec "$@"\n',
+    "scontrol": 'echo "scontrol $*" >>"$STUB_LOG"\nprintf "gpu-a\\ngpu-b\\n"\n',
+    "ray": 'echo "ray $*" >>"$STUB_LOG"\n',
+    # the script's count of Ray nodes up (a heredoc on stdin: the `ray start`s so far), the job SDK check, the
+    # job follower
+    "python3": 'echo "python3 $*" >>"$STUB_LOG"\nif [[ $1 == - ]]; then grep -c "^ray start" "$STUB_LOG" || true; '
+               'elif [[ $1 == *ray_job_follow.py ]]; then echo "launch: job $3 SUCCEEDED"; fi\n',
+    # a Debian /etc/hosts maps the hostname to 127.0.1.1; docker0 comes first in `hostname -I`
+    "hostname": 'echo "hostname $*" >>"$STUB_LOG"\ncase $1 in --ip-address) echo 127.0.1.1 ;; '
+                '-I) echo "172.17.0.1 10.0.0.11 " ;; *) echo gpu-a ;; esac\n',
+    "getent": 'echo "getent $*" >>"$STUB_LOG"\n[[ $2 == gpu-b ]] && echo "10.0.0.12       STREAM gpu-b"\n',
+    # the route from the head to the other node goes out of ib0, whose address is 10.0.0.11
+    "ip": 'echo "ip $*" >>"$STUB_LOG"\n[[ $* == *"route get 10.0.0.12"* ]] && '
+          'echo "10.0.0.12 dev ib0 src 10.0.0.11 uid 0"\n',
+}
+
+
+def run_sbatch_with_stubs(tmp_path: Path, replace: dict[str, str] | None = None, **env: str
+                          ) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """slurm_populora.sbatch run as Slurm runs it on the first node of a 2-node allocation (the SLURM_* variables
+    set), with the stand-ins (``replace``: other bodies for some) first on PATH. Returns the run and the recorded
+    command lines."""
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    for name, body in {**SLURM_STUBS, **(replace or {})}.items():
+        (stubs / name).write_text("#!/usr/bin/env bash\n" + body)
+        (stubs / name).chmod(0o755)
+    log = tmp_path / "calls.log"
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RAY_", "HEAD_IP"))}
+    environment.update(PATH=f"{stubs}:/usr/bin:/bin", STUB_LOG=str(log), PRESET="4t4s", RUN_DIR="/shared/run",
+                       SLURM_SUBMIT_DIR=str(ROOT), SLURM_JOB_NODELIST="gpu-[a-b]", SLURM_JOB_NUM_NODES="2",
+                       SLURM_CPUS_PER_TASK="64", SLURM_GPUS_PER_NODE="8", **env)
+    out = subprocess.run(["bash", str(LAUNCH / "slurm_populora.sbatch")], cwd=tmp_path, env=environment,
+                         capture_output=True, text=True, timeout=60)
+    return out, log.read_text().splitlines() if log.exists() else []
+
+
+def test_slurm_ray_steps_get_the_allocations_cpus_and_gpus_and_the_routed_head_address(tmp_path):
+    """Since Slurm 22.05 srun does not inherit --cpus-per-task: a Ray step given none gets one CPU (the raylet, 8
+    DeepSpeed ranks and 8 vLLM engines on it). And `hostname -I`'s first address can be docker0's. Catches: srun
+    steps without --cpus-per-task/--gpus-per-node/--cpu-bind=none, `ray start` without --num-cpus/--num-gpus, and
+    a head address that is not the one routing to the other node."""
+    out, calls = run_sbatch_with_stubs(tmp_path)
+    assert out.returncode == 0, (out.stdout[-3000:], out.stderr[-3000:])
+    starts = [line for line in calls if line.startswith("srun ") and " ray start " in line]
+    assert len(starts) == 2, calls  # the head and the second node
+    for step in starts:
+        for flag in ("--cpus-per-task=64", "--gpus-per-node=8", "--cpu-bind=none", "--num-cpus=64", "--num-gpus=8"):
+            assert f" {flag} " in f"{step} ", (flag, step)
+    head = next(line for line in calls if line.startswith("ray start --head"))
+    assert "--node-ip-address=10.0.0.11" in head.split(), head
+    worker = next(line for line in calls if line.startswith("ray start --address"))
+    assert "--address=10.0.0.11:6379" in worker.split(), worker
+    submit = next(line for line in calls if line.startswith("ray job submit"))
+    assert "--address=http://10.0.0.11:8265" in submit.split(), submit
+
+
+def test_slurm_head_address_can_be_set_and_ray_start_args_come_last(tmp_path):
+    """HEAD_IP wins over the lookup (for networks it cannot see), and RAY_START_ARGS come after the script's own
+    flags, so a user's --num-cpus wins (Ray's CLI keeps an option's last value)."""
+    out, calls = run_sbatch_with_stubs(tmp_path, HEAD_IP="192.168.5.5", RAY_START_ARGS="--num-cpus 48")
+    assert out.returncode == 0, out.stderr[-3000:]
+    head = next(line for line in calls if line.startswith("ray start --head"))
+    assert "--node-ip-address=192.168.5.5" in head.split() and head.endswith("--num-cpus 48 --block"), head
+    assert not any(line.startswith(("ip ", "getent ")) for line in calls)
+
+
+def test_slurm_without_a_route_or_a_resolvable_head_address_asks_for_head_ip(tmp_path):
+    """No route to the other node and a hostname that resolves to loopback: refused before Ray starts, naming
+    HEAD_IP (not `hostname -I`'s first address, which may be docker0's)."""
+    unreachable = 'echo "RTNETLINK answers: Network is unreachable" >&2\nexit 2\n'
+    out, calls = run_sbatch_with_stubs(tmp_path, replace={"ip": unreachable})
+    assert out.returncode == 2 and "set HEAD_IP" in out.stderr, (out.stdout, out.stderr)
+    assert not any(line.startswith("ray ") for line in calls)

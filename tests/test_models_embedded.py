@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -42,11 +43,59 @@ def test_tiny_names_resolve_to_a_cached_loadable_model(tmp_path, monkeypatch):
         resolve_model("tiny:abc")
 
 
-def test_unknown_name_is_a_clear_error_and_never_a_download(tmp_path):
-    with pytest.raises(ValueError, match="never downloads from the hub"):
+@pytest.fixture
+def hf_home(tmp_path, monkeypatch):
+    """An empty Hugging Face home of the test's own, as ``HF_HOME`` set before the process started gives it
+    (huggingface_hub reads it at import: its constant is set too), offline."""
+    from huggingface_hub import constants
+
+    home = tmp_path / "hf"
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(home / "hub"))
+    return home
+
+
+def test_unknown_name_is_a_clear_error_and_never_a_download(tmp_path, hf_home):
+    with pytest.raises(ValueError, match="not in the Hugging Face cache") as missing:
         resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert str(hf_home / "hub") in str(missing.value) and "HF_HUB_OFFLINE" in str(missing.value)
     with pytest.raises(ValueError, match="no config.json"):
         resolve_model(str(tmp_path))
+    with pytest.raises(ValueError, match="no such directory"):
+        resolve_model(str(tmp_path / "nowhere"))
+
+
+def test_a_hub_id_resolves_from_the_hf_cache_offline(tmp_path, tiny_model_dir):
+    """``MODEL=org/name`` (lib.sh's default is a hub id) resolves as transformers resolves it: the snapshot of the
+    HF cache under ``$HF_HOME``, offline with ``HF_HUB_OFFLINE`` set. Run in a fresh process with only the
+    environment set, as a user's job starts. Catches: hub ids refused ("never downloads from the hub"), which
+    stopped every cluster run at the learning probe after its first step."""
+    import subprocess
+    import sys
+
+    from hf_cache import cache_model
+
+    home = tmp_path / "hf"
+    snapshot = cache_model(home, "org/tiny-coder", Path(tiny_model_dir))
+    code = ("from openrlhf_populora.models.embedded import resolve_model; import os; "
+            "print(resolve_model('org/tiny-coder')); print(os.environ.get('HF_HUB_OFFLINE'))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**env, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-2:] == [str(snapshot), "1"]
+    from transformers import AutoConfig
+
+    assert AutoConfig.from_pretrained(str(snapshot), local_files_only=True).hidden_size == 64
+
+
+def test_builtin_names_and_local_paths_resolve_as_before_and_keep_the_process_offline(tiny_model_dir, monkeypatch):
+    """What a shipped name, ``tiny`` or a local path resolves to is unchanged (the experiments' models), and such a
+    process (and what it starts) stays offline: they need no hub. A hub id leaves ``HF_HUB_OFFLINE`` to the user."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    assert resolve_model(tiny_model_dir) == tiny_model_dir
+    assert os.environ.get("HF_HUB_OFFLINE") == "1"
 
 
 # ----------------------------------------------------------------------------------------- shipped slices

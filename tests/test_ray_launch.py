@@ -3,6 +3,8 @@ launch of upstream's own ``train()`` that receives the plugin's classes."""
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from types import SimpleNamespace
 
@@ -330,6 +332,10 @@ def test_runpy_launch_runs_upstream_train_with_the_swapped_classes(fake_cluster,
     assert args.populora.adapter_names == ["t0", "t1", "s0", "s1"] and args.populora.engine == "ray"
     assert args.actor.eps_clip_low_high == (0.2, 0.2)  # upstream's validation ran on our namespace
     assert trainer.called == ["get_max_steps", "fit"]
+    # the rollout actors know how many engines share a node's adapter directory (2 on this 2-GPU node)
+    from openrlhf_populora.engines.ray.vllm_rollout import CONFIG_ENV
+
+    assert json.loads(os.environ[CONFIG_ENV])["engines_per_node"] == 2
     assert group.init_args == (strategy, "/models/tiny", 7, engines) and group.saved
     # and everything is put back
     assert patches.applied() == []

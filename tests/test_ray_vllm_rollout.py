@@ -209,6 +209,38 @@ def test_adapter_payload_folders_of_finished_processes_are_removed(tmp_path, mon
     assert mine.name.startswith(f"{vllm_rollout.ADAPTER_DIR_PREFIX}{os.getpid()}-")
 
 
+def test_the_adapter_directory_is_chosen_for_the_whole_nodes_need(tmp_path, monkeypatch):
+    """Filesystem sizes faked (``shutil.disk_usage``): 8t8s puts 8 engines x 17 adapter files of 80.7 MB in one
+    node's directory, 10.98 GB. Catches: /dev/shm taken whenever it has 1 GiB free (a 10 GB container /dev/shm
+    fails the first upload round with ENOSPC), and no refusal when nothing has room."""
+    import tempfile
+    from types import SimpleNamespace
+
+    from openrlhf_populora.launch_checks import adapter_dir_need
+
+    shm, temp, mine = tmp_path / "shm", tmp_path / "tmp", tmp_path / "mine"
+    shm.mkdir()
+    temp.mkdir()
+    free = {str(shm): 10 * 2**30, str(temp): 200 * 10**9, str(mine): 2 * 10**9}
+    monkeypatch.setattr(vllm_rollout, "SHM", str(shm))
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    monkeypatch.setattr(vllm_rollout.shutil, "disk_usage", lambda path: SimpleNamespace(free=free[str(path)]))
+    monkeypatch.delenv(vllm_rollout.ADAPTER_DIR_ENV, raising=False)
+    need = adapter_dir_need(8, 16, 80_740_352)
+    assert vllm_rollout.adapter_root(need).parent == temp
+    assert vllm_rollout.adapter_root(adapter_dir_need(8, 8, 80_740_352)).parent == shm  # 4t4s: 5.81 GB fits
+    free[str(temp)] = 5 * 10**9
+    with pytest.raises(vllm_rollout.AdapterSpaceError, match="POPULORA_ADAPTER_DIR") as refused:
+        vllm_rollout.adapter_root(need, "8 engine(s) x 17 x 80.74 MB")
+    assert "10.98 GB = 8 engine(s)" in str(refused.value) and f"{temp}: 5.00 GB free" in str(refused.value)
+    # a directory the user names is the only candidate: refused rather than silently replaced
+    monkeypatch.setenv(vllm_rollout.ADAPTER_DIR_ENV, str(mine))
+    with pytest.raises(vllm_rollout.AdapterSpaceError, match=f"{mine}: 2.00 GB free"):
+        vllm_rollout.adapter_root(need)
+    free[str(mine)] = 20 * 10**9
+    assert vllm_rollout.adapter_root(need).parent == mine
+
+
 def test_configure_multilora_makes_a_configured_actor_class(monkeypatch):
     monkeypatch.setattr(vllm_rollout, "MultiLoRARolloutActor", vllm_rollout.MultiLoRARolloutActor)
     monkeypatch.delenv(CONFIG_ENV, raising=False)
@@ -217,6 +249,8 @@ def test_configure_multilora_makes_a_configured_actor_class(monkeypatch):
     inner = actor_cls.__ray_actor_class__  # a Ray actor class over a fresh subclass carrying the config
     assert issubclass(inner, MultiLoRARollout) and inner.multilora == make_multilora_config(3, 16, QV)
     assert vllm_rollout.resolve_config(None) == make_multilora_config(3, 16, QV)  # the env-var fallback
+    configure_multilora(max_loras=3, max_lora_rank=16, target_modules=QV, engines_per_node=8)
+    assert vllm_rollout.resolve_config(None).engines_per_node == 8  # the node's need reaches the actors
     monkeypatch.delenv(CONFIG_ENV)
     with pytest.raises(RuntimeError, match="configure_multilora"):
         vllm_rollout.resolve_config(None)

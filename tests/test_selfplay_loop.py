@@ -210,6 +210,31 @@ def test_baseline_run_end_to_end(tmp_path):
     assert (run_dir / "adapters" / "b0" / "adapter_config.json").is_file()
 
 
+@pytest.mark.slow
+def test_the_learning_probe_reads_a_hub_id_models_base_from_the_hf_cache(tmp_path, monkeypatch):
+    """``--actor.model_name_or_path org/name`` (a hub id, as lib.sh's default names the 7B model) reaches the
+    learning probe, which reads the base weights' norms from the model's files: here from an HF cache under
+    ``HF_HOME``, offline. The same model as ``tiny``, so the update sizes equal a ``tiny`` run's. Catches: the
+    probe refusing hub ids (every cluster run died after seeding and one step)."""
+    from hf_cache import cache_model
+    from huggingface_hub import constants
+
+    from openrlhf_populora.models.embedded import resolve_model
+
+    home = tmp_path / "hf"
+    cache_model(home, "org/tiny-coder", Path(resolve_model("tiny")))
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(home / "hub"))  # what HF_HOME gives at import
+    sizes = []
+    for name, model in (("hub", "org/tiny-coder"), ("tiny", "tiny")):
+        config = _config(tmp_path / name, mode="baseline", total_steps=1)
+        config.actor.model_name_or_path = model
+        assert run(config, _build, progress=False) == 0
+        sizes.append({k: v for k, v in _records(tmp_path / name)[-1].items() if k.endswith("/update_size")})
+    assert sizes[0] and sizes[0] == sizes[1] and all(v > 0 for v in sizes[0].values())
+
+
 def test_resume_reproduces_an_uninterrupted_run(tmp_path):
     def config_for(run_dir, steps):  # an event at step 3: the second leg retires members the first exported
         config = _config(run_dir, total_steps=steps)

@@ -49,6 +49,7 @@ import yaml
 
 from openrlhf_populora.config import Config, PopuLoRAConfig, add_flag, iter_fields, preset_layers, set_dotted
 from openrlhf_populora.engines.vllm_targets import vllm_lora_targets
+from openrlhf_populora.launch_checks import engines_per_node, tensor_parallel_fits
 from openrlhf_populora.patches import openrlhf_0_11_2 as patches
 from openrlhf_populora.patches.openrlhf_0_11_2.cpu import install_flash_attn_shim
 
@@ -260,6 +261,11 @@ def _refusals(flat: argparse.Namespace, defaults: Mapping[str, Any]) -> list[str
     if get("ds.tensor_parallel_size") > 1:
         reasons.append("--ds.tensor_parallel_size > 1 (DeepSpeed AutoTP) is not supported: the adapters' "
                        "data-parallel dealing and gathers assume every rank is a data-parallel rank")
+    if get("train.colocate_all"):  # the engines take the actor's GPUs, node by node
+        fits = tensor_parallel_fits(get("actor.num_gpus_per_node"), get("vllm.tensor_parallel_size"))
+        if not fits.ok:
+            reasons.append(f"--vllm.tensor_parallel_size {get('vllm.tensor_parallel_size')} does not divide "
+                           f"--actor.num_gpus_per_node {get('actor.num_gpus_per_node')}: {fits.message()}")
     if get("ds.zero_stage") == 3 and get("ds.adam_offload"):
         reasons.append("--ds.adam_offload is not supported with --ds.zero_stage 3: the per-adapter optimizer "
                        "windows read and restore the optimizer's partitions on the device (use ZeRO-2 with "
@@ -443,6 +449,12 @@ def parse_launch_args(argv: Sequence[str], cpu: bool | None = None) -> SimpleNam
     flat, extras = parser.parse_known_args(list(argv))
     if extras:
         _error_unknown(parser, extras)
+    if not cuda:  # common.args names flash-attn for the GPUs; transformers refuses it without CUDA
+        attention = getattr(flat, "ds.attn_implementation")
+        if cluster.cpu_attention(attention) != attention:
+            setattr(flat, "ds.attn_implementation", cluster.cpu_attention(attention))
+            print(f"[populora] GPU workers on CPU: --ds.attn_implementation {attention} needs CUDA; using "
+                  f"{cluster.cpu_attention(attention)}", file=sys.stderr)
     if getattr(flat, "populora.engine", "ray") != "ray":
         parser.error(f"--populora.engine {getattr(flat, 'populora.engine')}: this launcher runs the ray engine")
     config = Config()
@@ -487,12 +499,15 @@ def parse_launch_args(argv: Sequence[str], cpu: bool | None = None) -> SimpleNam
 
 def _prepare(args: SimpleNamespace) -> list[patches.Patch]:
     """The class swaps, with the rollout actor configured for vLLM's LoRA slots (one per adapter, ranks up to
-    ``--ds.lora.rank``, on the layers of ``--ds.lora.target_modules`` only)."""
+    ``--ds.lora.rank``, on the layers of ``--ds.lora.target_modules`` only) and told how many engines share a
+    node's adapter directory."""
     from openrlhf_populora.engines.ray import vllm_rollout
 
+    per_node = engines_per_node(args.vllm.num_engines, args.vllm.tensor_parallel_size, args.actor.num_gpus_per_node)
     rollout_actor = vllm_rollout.configure_multilora(max_loras=len(args.populora.adapter_names),
                                                      max_lora_rank=args.ds.lora.rank,
-                                                     target_modules=args.ds.lora.target_modules)
+                                                     target_modules=args.ds.lora.target_modules,
+                                                     engines_per_node=per_node)
     return plugin_patches({"openrlhf.trainer.ray.vllm_engine:RolloutRayActor": rollout_actor})
 
 

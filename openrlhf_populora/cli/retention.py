@@ -646,14 +646,16 @@ def run_child(plan: Plan, snapshot: SnapshotPlan, operator: str, engine, sandbox
 
 
 def _lock(out: Path):
-    import fcntl
+    """The study directory's lock, held for the process's lifetime (``dirlock``: flock, or an owner file where the
+    filesystem has none)."""
+    from openrlhf_populora.dirlock import DirectoryBusy, lock_directory
 
-    handle = open(out / ".lock", "w")  # noqa: SIM115 - held for the process's lifetime
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise InputError(f"--out {out}: another study is writing into it right now") from None
-    return handle
+        return lock_directory(out)
+    except DirectoryBusy as busy:
+        if busy.stale:
+            raise InputError(f"--out {out}: {busy}") from None
+        raise InputError(f"--out {out}: another study is writing into it right now ({busy})") from None
 
 
 def run_study(plan: Plan, engine_factory: Callable[[Config], Any] | None = None,

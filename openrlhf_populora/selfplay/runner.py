@@ -21,7 +21,6 @@ equals an uninterrupted run bit for bit.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import signal
 import threading
@@ -41,6 +40,7 @@ from openrlhf_populora.config import (
     config_from_dict,
     resume_conflicts,
 )
+from openrlhf_populora.dirlock import DirectoryBusy, DirectoryLock, lock_directory
 from openrlhf_populora.durable import replace_text
 from openrlhf_populora.metrics import Tracker, progress_postfix
 from openrlhf_populora.metrics.provenance import provenance
@@ -92,20 +92,17 @@ def check_run_dir(config: Config) -> None:
                 f"may change only {', '.join(MAY_CHANGE_ON_RESUME_HELP)}.")
 
 
-def _lock_run_dir(run_dir: Path):
+def _lock_run_dir(run_dir: Path) -> DirectoryLock:
     """Hold an exclusive lock on the run directory for this process's lifetime: two runs writing into the
-    same directory would interleave their metrics and checkpoints."""
-    import fcntl
-
-    handle = open(run_dir / ".lock", "w")  # noqa: SIM115 - kept open on purpose, released at exit
+    same directory would interleave their metrics and checkpoints. ``flock``, or an owner file where the
+    filesystem has none (Lustre, NFS without lockd: ``dirlock``)."""
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise SystemExit(f"error: another run is writing into {run_dir} right now; wait for it or choose "
+        return lock_directory(run_dir)
+    except DirectoryBusy as busy:
+        if busy.stale:
+            raise SystemExit(f"error: --ckpt.output_dir {run_dir}: {busy}") from None
+        raise SystemExit(f"error: another run is writing into {run_dir} right now ({busy}); wait for it or choose "
                          f"another --ckpt.output_dir") from None
-    handle.write(str(os.getpid()))
-    handle.flush()
-    return handle
 
 
 def _write_config(config: Config, run_dir: Path) -> None:
@@ -131,7 +128,7 @@ def _write_config(config: Config, run_dir: Path) -> None:
 def claim_run_dir(config: Config):
     """Make the run directory this process's: refuse an existing run unless resuming (:func:`check_run_dir`),
     lock it, write the resolved ``config.yaml``. Every entry point calls this before :func:`run`; keep the
-    returned handle open for the run's lifetime (closing it releases the lock)."""
+    returned lock for the run's lifetime (``close()`` releases it)."""
     check_run_dir(config)
     run_dir = Path(config.ckpt.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

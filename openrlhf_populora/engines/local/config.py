@@ -40,7 +40,7 @@ class LocalEngineConfig:
     """
 
     # the model and its adapters (Config: actor.model_name_or_path, ds.*, populora.device/num_threads, train.seed)
-    model_name_or_path: str | None  # a local HF directory or a name models.embedded.resolve_model knows
+    model_name_or_path: str | None  # a local HF directory, a hub id or a name models.embedded.resolve_model knows
     lora_rank: int  # --ds.lora.rank
     lora_alpha: int  # --ds.lora.alpha
     lora_target_modules: str | list[str]  # --ds.lora.target_modules

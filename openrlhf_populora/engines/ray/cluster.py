@@ -48,11 +48,21 @@ CPU_WORKER_ENV = {
 UPSTREAM_ENV_DEFAULTS = {"TOKENIZERS_PARALLELISM": "true", "NCCL_DEBUG": "WARN",
                          "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1"}
 
-# Upstream defaults that cannot run without CUDA, replaced in CPU mode (a flag the user passes still wins).
+# Upstream defaults that cannot run without CUDA, replaced in CPU mode (a flag the user passes still wins, except
+# a flash-attn implementation: :func:`cpu_attention`).
 CPU_DEFAULTS = {
     "ds.attn_implementation": "sdpa",  # upstream: flash_attention_2
     "ds.param_dtype": "fp32",  # upstream: bf16 (slow on CPU; vLLM's CPU build serves fp32); cpu.py allows it
 }
+
+
+
+def cpu_attention(implementation: str) -> str:
+    """The attention implementation CPU workers use for ``implementation``: ``sdpa`` for the flash-attn ones
+    (``flash_attention_2``/``_3``, which transformers refuses without CUDA), else ``implementation`` itself. The
+    CPU mode applies it even over a flag: the cluster presets name flash-attn for GPUs."""
+    return CPU_DEFAULTS["ds.attn_implementation"] if implementation.startswith("flash_attention") else implementation
+
 
 JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray's job supervisor in a job's entrypoint
 PROBE_TIMEOUT_S = 300.0

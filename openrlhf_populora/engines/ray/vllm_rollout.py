@@ -13,7 +13,8 @@ that global for ours and upstream builds our actors with its own placement and a
   The config reaches the actor process as a class attribute of a fresh subclass made by
   :func:`configure_multilora` (Ray pickles such a class by value, attribute included), with an environment
   variable as fallback.
-- **Adapters.** :meth:`MultiLoRARollout.load_adapter` writes the PEFT payload to tmpfs and registers it under
+- **Adapters.** :meth:`MultiLoRARollout.load_adapter` writes the PEFT payload to the node's adapter directory
+  (:func:`adapter_root`: tmpfs when it has room for every engine of the node) and registers it under
   a fresh ``lora_int_id`` (and a versioned vLLM name ``<name>@<id>``, since vLLM keys its prefix cache by
   LoRA *name*), so a request never meets stale weights; then the previous version is removed. An adapter with
   weights for a layer the engine does not serve is refused (vLLM would ignore those weights silently).
@@ -52,11 +53,18 @@ from openrlhf_populora.engines.adapter_files import adapter_modules, adapter_ran
 from openrlhf_populora.engines.base import BASE_ADAPTER
 from openrlhf_populora.engines.seeding import derive_seed
 from openrlhf_populora.engines.vllm_targets import unserved_modules, vllm_lora_targets
+from openrlhf_populora.launch_checks import (
+    SHM_RESERVE,
+    DirRoom,
+    adapter_dir_need,
+    choose_adapter_dir,
+    need_detail,
+)
 
 CONFIG_ENV = "POPULORA_VLLM_MULTILORA"  # JSON of a MultiLoRAConfig: the fallback route into actor processes
 ADAPTER_DIR_ENV = "POPULORA_ADAPTER_DIR"  # where adapter payloads go (default: /dev/shm, else the temp dir)
 BASE_LORA_ID = 2**31 - 1  # the CPU zero adapter's id, outside the per-version ids 1, 2, 3 ...
-MIN_SHM_FREE = 1 << 30  # use /dev/shm only with at least this much free (containers often give it 64 MiB)
+SHM = "/dev/shm"
 
 # the adapter that generate() routes to in the current context (None: the base model)
 ACTIVE_ADAPTER: contextvars.ContextVar[str | None] = contextvars.ContextVar("populora_adapter", default=None)
@@ -74,13 +82,15 @@ class MultiLoRAConfig:
     """vLLM's LoRA slots: ``max_loras`` adapters per batch, ``max_cpu_loras`` kept loaded (>= max_loras),
     ranks up to ``max_lora_rank`` (a value vLLM accepts), on the layers of ``target_modules`` only
     (``--ds.lora.target_modules``, sorted). ``dtype`` overrides upstream's engine dtype (bf16); None keeps it
-    on GPUs and uses float32 on CPU."""
+    on GPUs and uses float32 on CPU. ``engines_per_node``: how many engines share a node's adapter directory
+    (each writes every adapter there; :func:`adapter_root` checks the room for all of them)."""
 
     max_loras: int
     max_lora_rank: int
     max_cpu_loras: int
     target_modules: tuple[str, ...]
     dtype: str | None = None
+    engines_per_node: int = 1
 
     def engine_kwargs(self, cpu: bool) -> dict[str, Any]:
         """The kwargs added to upstream's engine arguments. On CPU one more slot holds the zero adapter that
@@ -101,7 +111,8 @@ class MultiLoRAConfig:
 
 
 def make_multilora_config(max_loras: int, max_lora_rank: int, target_modules: str | Sequence[str],
-                          dtype: str | None = None, max_cpu_loras: int | None = None) -> MultiLoRAConfig:
+                          dtype: str | None = None, max_cpu_loras: int | None = None,
+                          engines_per_node: int = 1) -> MultiLoRAConfig:
     """Validate and round: ``max_lora_rank`` goes up to the next rank vLLM accepts (an adapter of rank r
     needs ``max_lora_rank >= r``); ``max_cpu_loras`` defaults to ``max_loras + 1``: an upload adds the new
     version before it removes the old one, and vLLM's CPU cache (an LRU of ``max_cpu_loras``) would otherwise
@@ -120,8 +131,10 @@ def make_multilora_config(max_loras: int, max_lora_rank: int, target_modules: st
         raise ValueError(f"max_cpu_loras ({cpu}) must be >= max_loras ({max_loras})")
     if dtype is not None and dtype not in ("float32", "bfloat16", "float16", "auto"):
         raise ValueError(f"dtype must be float32|bfloat16|float16|auto or None, got {dtype!r}")
+    if engines_per_node < 1:
+        raise ValueError(f"engines_per_node must be >= 1, got {engines_per_node}")
     return MultiLoRAConfig(max_loras=max_loras, max_lora_rank=fitting[0], max_cpu_loras=cpu, target_modules=targets,
-                           dtype=dtype)
+                           dtype=dtype, engines_per_node=engines_per_node)
 
 
 ADAPTER_DIR_PREFIX = "populora-lora-"
@@ -149,19 +162,38 @@ def remove_stale_adapter_dirs(base: Path) -> list[Path]:
     return removed
 
 
-def adapter_root() -> Path:
-    """A fresh directory for this actor's adapter payloads: ``$POPULORA_ADAPTER_DIR``, else tmpfs
-    (``/dev/shm``) when it has room, else the temp dir. Named after this process, so that the next actor to
-    start there removes it once the process is gone (:func:`remove_stale_adapter_dirs`)."""
-    base = os.environ.get(ADAPTER_DIR_ENV)
-    if not base:
-        shm = Path("/dev/shm")
-        if shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free >= MIN_SHM_FREE:
-            base = str(shm)
-    root = Path(base or tempfile.gettempdir())
-    root.mkdir(parents=True, exist_ok=True)
-    remove_stale_adapter_dirs(root)
-    return Path(tempfile.mkdtemp(prefix=f"{ADAPTER_DIR_PREFIX}{os.getpid()}-", dir=root))
+class AdapterSpaceError(OSError):
+    """No adapter directory on this node has room for every engine's adapter files (the message says what each
+    place has and what to set)."""
+
+
+def _room(path: str, reserve: int = 0) -> DirRoom:
+    """``path``'s free bytes, after removing the payload folders of finished processes there (a killed run's
+    files would otherwise count as used); free None when it is not a writable directory."""
+    folder = Path(path)
+    if not (folder.is_dir() and os.access(folder, os.W_OK)):
+        return DirRoom(path, None, reserve)
+    remove_stale_adapter_dirs(folder)
+    return DirRoom(path, shutil.disk_usage(folder).free, reserve)
+
+
+def adapter_root(need: int = 0, explain: str = "") -> Path:
+    """A fresh directory for this actor's adapter payloads, in the first place with room for ``need`` bytes (the
+    whole node's: :func:`~openrlhf_populora.launch_checks.adapter_dir_need`): ``$POPULORA_ADAPTER_DIR`` when set
+    (and only it), else tmpfs (``/dev/shm``, keeping :data:`~openrlhf_populora.launch_checks.SHM_RESERVE` free for
+    Ray and NCCL), else the temp dir (node-local disk). Raises :class:`AdapterSpaceError` when none has room.
+    Named after this process, so that the next actor to start there removes it once the process is gone
+    (:func:`remove_stale_adapter_dirs`)."""
+    explicit = os.environ.get(ADAPTER_DIR_ENV)
+    if explicit:
+        Path(explicit).mkdir(parents=True, exist_ok=True)
+        candidates = [_room(explicit)]
+    else:
+        candidates = [_room(SHM, SHM_RESERVE), _room(tempfile.gettempdir())]
+    base, check = choose_adapter_dir(need, candidates, explicit=bool(explicit), explain=explain)
+    if base is None:
+        raise AdapterSpaceError(check.message())
+    return Path(tempfile.mkdtemp(prefix=f"{ADAPTER_DIR_PREFIX}{os.getpid()}-", dir=base))
 
 
 class _AdapterRoutingEngine:
@@ -203,9 +235,7 @@ class MultiLoRARollout(RolloutRayActor.__ray_actor_class__):
         self._ids = itertools.count(1)
         self._base_request: LoRARequest | None = None  # CPU only: the zero adapter serving the base model
         self._adapter_lock = asyncio.Lock()  # uploads are serialized: versions of one name land in id order
-        self._adapter_dir = adapter_root()
-        # the payloads go when the actor does (garbage collection or a normal process exit)
-        weakref.finalize(self, shutil.rmtree, self._adapter_dir, ignore_errors=True)
+        self._adapter_dir: Path | None = None  # chosen at the first upload, when an adapter's size is known
         await super().__init__(*args, **kwargs)
         self.llm = _AdapterRoutingEngine(self.llm, self.lora_request)
         self._prefix_caching = bool(kwargs.get("enable_prefix_caching"))
@@ -220,6 +250,18 @@ class MultiLoRARollout(RolloutRayActor.__ray_actor_class__):
         return self
 
     # --------------------------------------------------------------------------------- adapters
+
+    def adapter_dir(self, tensors: Mapping[str, torch.Tensor]) -> Path:
+        """This actor's folder for adapter payloads, chosen at the first upload (:func:`adapter_root`) for the
+        node's need: its engines x (``max_loras`` + 1) x the size of ``tensors`` in the engine's dtype."""
+        if self._adapter_dir is None:
+            size = sum(t.numel() for t in tensors.values()) * self._dtype.itemsize
+            engines, adapters = self.multilora.engines_per_node, self.multilora.max_loras
+            self._adapter_dir = adapter_root(adapter_dir_need(engines, adapters, size),
+                                             need_detail(engines, adapters, size))
+            # the payloads go when the actor does (garbage collection or a normal process exit)
+            weakref.finalize(self, shutil.rmtree, self._adapter_dir, ignore_errors=True)
+        return self._adapter_dir
 
     def lora_request(self, name: str | None) -> LoRARequest | None:
         """The ``LoRARequest`` now serving ``name``; KeyError if never loaded. The base model (``None`` or
@@ -261,7 +303,7 @@ class MultiLoRARollout(RolloutRayActor.__ray_actor_class__):
             if self._cpu and self._base_request is None:
                 await self._add_zero_adapter(tensors, lora_config)
             int_id = next(self._ids)
-            path = write_peft_adapter(self._adapter_dir / f"{name}@{int_id}", tensors, lora_config,
+            path = write_peft_adapter(self.adapter_dir(tensors) / f"{name}@{int_id}", tensors, lora_config,
                                       dtype=self._dtype)
             request = LoRARequest(lora_name=f"{name}@{int_id}", lora_int_id=int_id, lora_path=str(path))
             if not await self.llm.add_lora(request):
@@ -279,7 +321,7 @@ class MultiLoRARollout(RolloutRayActor.__ray_actor_class__):
         """Register the rank-1 all-zero adapter (same modules as ``tensors``) that serves the base on CPU."""
         zeros = {k: torch.zeros((1, v.shape[1]) if ".lora_A." in k else (v.shape[0], 1)) for k, v in tensors.items()}
         name = f"{BASE_ADAPTER}@{BASE_LORA_ID}"
-        path = write_peft_adapter(self._adapter_dir / name, zeros, {**lora_config, "r": 1, "lora_alpha": 1},
+        path = write_peft_adapter(self.adapter_dir(tensors) / name, zeros, {**lora_config, "r": 1, "lora_alpha": 1},
                                   dtype=self._dtype)
         request = LoRARequest(lora_name=name, lora_int_id=BASE_LORA_ID, lora_path=str(path))
         if not await self.llm.add_lora(request):
@@ -435,7 +477,7 @@ MultiLoRARolloutActor = ray.remote(MultiLoRARollout)
 
 
 def configure_multilora(max_loras: int, max_lora_rank: int, target_modules: str | Sequence[str],
-                        dtype: str | None = None, max_cpu_loras: int | None = None):
+                        dtype: str | None = None, max_cpu_loras: int | None = None, engines_per_node: int = 1):
     """Configure vLLM's LoRA slots (on the layers of ``target_modules``, ``--ds.lora.target_modules``) for the
     rollout actors created from now on; return the Ray actor class.
 
@@ -445,7 +487,7 @@ def configure_multilora(max_loras: int, max_lora_rank: int, target_modules: str 
     so it reaches actors on any node; it is also exported as ``$POPULORA_VLLM_MULTILORA`` for actor
     processes that inherit this environment (a local Ray started afterwards)."""
     global MultiLoRARolloutActor
-    config = make_multilora_config(max_loras, max_lora_rank, target_modules, dtype, max_cpu_loras)
+    config = make_multilora_config(max_loras, max_lora_rank, target_modules, dtype, max_cpu_loras, engines_per_node)
     os.environ[CONFIG_ENV] = json.dumps(asdict(config))
     MultiLoRARolloutActor = _remote_class(config)
     return MultiLoRARolloutActor
