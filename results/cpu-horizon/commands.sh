@@ -12,6 +12,7 @@
 #
 #   bash results/cpu-horizon/commands.sh          start or resume the runs, two at a time (PARALLEL), one thread each
 #   bash results/cpu-horizon/commands.sh sync     copy every run's small files, finished or not, into results/
+#   bash results/cpu-horizon/commands.sh stop     stop starting runs, and stop the running ones after their step
 #
 # Every run checkpoints every step under runs/cpu-horizon/<arm>-s<seed> and resumes where it stopped
 # (--ckpt.load_enable), so running this again continues the experiment; a run whose files here hold STEPS steps
@@ -37,6 +38,13 @@ sync_files() {  # $1 = arm-s<seed>: its small files (never adapters or checkpoin
   done
   echo "$1: $(wc -l < "$run/metrics.jsonl") steps copied to $R/$1"
 }
+
+if [[ "${1:-}" == stop ]]; then  # the queue first (a stopped run exits 130 and xargs would start the next one)
+  pkill -f "xargs -P ${PARALLEL:-2} -L 1 bash -c" || true
+  pkill -TERM -f "openrlhf_populora.cli.train .*--ckpt.output_dir $(pwd)/$OUT/" || true
+  echo "asked the queue and the runs to stop; each run checkpoints its step in progress, then exits (status 130)"
+  exit 0
+fi
 
 if [[ "${1:-}" == sync ]]; then
   for seed in 1 2 3; do for arm in "${ARMS[@]}"; do sync_files "$arm-s$seed"; done; done
