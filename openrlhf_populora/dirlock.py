@@ -35,7 +35,8 @@ class DirectoryBusy(Exception):  # noqa: N818 - a state, reported to the user as
         self.stale = stale
 
 
-def _pid_running(pid: int) -> bool:
+def pid_running(pid: int) -> bool:
+    """Whether process ``pid`` runs on this host (a live process of another user counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -52,7 +53,7 @@ def _holder(path: Path) -> DirectoryBusy:
     except OSError:
         pid_text = host = since = "?"
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(int(since))) if since.isdigit() else "?"
-    if host == socket.gethostname() and pid_text.isdigit() and not _pid_running(int(pid_text)):
+    if host == socket.gethostname() and pid_text.isdigit() and not pid_running(int(pid_text)):
         return DirectoryBusy(f"{path} is a stale lock: it names pid {pid_text} on this host (since {when}), which is "
                              f"not running (a process killed before it could release it). Delete {path} and start "
                              "again", stale=True)

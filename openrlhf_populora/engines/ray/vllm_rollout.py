@@ -49,6 +49,7 @@ from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
 from vllm import SamplingParams
 from vllm.lora.request import LoRARequest
 
+from openrlhf_populora.dirlock import pid_running
 from openrlhf_populora.engines.adapter_files import adapter_modules, adapter_rank, write_peft_adapter
 from openrlhf_populora.engines.base import BASE_ADAPTER
 from openrlhf_populora.engines.seeding import derive_seed
@@ -140,23 +141,13 @@ def make_multilora_config(max_loras: int, max_lora_rank: int, target_modules: st
 ADAPTER_DIR_PREFIX = "populora-lora-"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
-
-
 def remove_stale_adapter_dirs(base: Path) -> list[Path]:
     """Delete ``populora-lora-<pid>-*`` folders in ``base`` whose process is gone. Ray ends actors without
     running their finalizers, so each finished run would otherwise leave its payloads in tmpfs."""
     removed = []
     for path in base.glob(f"{ADAPTER_DIR_PREFIX}*-*"):
         pid = path.name[len(ADAPTER_DIR_PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_running(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed
