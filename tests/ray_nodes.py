@@ -18,6 +18,9 @@ from pathlib import Path
 
 VENV_BIN = Path(sys.executable).parent
 START_TIMEOUT_S = 180
+# set on every node of a local cluster to its temp dir, and inherited by every process the nodes start: vLLM's
+# engine processes rename themselves (VLLM::EngineCore), so their command lines no longer name the cluster
+MARKER_ENV = "POPULORA_TEST_CLUSTER"
 
 
 def free_ports(n: int) -> list[int]:
@@ -32,15 +35,17 @@ def free_ports(n: int) -> list[int]:
 
 
 def own_processes(marker: str) -> list:
-    """Every process whose command line names ``marker`` (a temp dir of the test's own)."""
+    """Every process whose command line names ``marker`` (a temp dir of the test's own), or whose environment
+    has it as :data:`MARKER_ENV` (what a local cluster's nodes started, renamed or orphaned)."""
     import psutil
 
     found = []
     for process in psutil.process_iter(["pid", "cmdline"]):
         try:
-            if any(marker in part for part in process.info["cmdline"] or ()):
+            if any(marker in part for part in process.info["cmdline"] or ()) or (
+                    process.pid != os.getpid() and process.environ().get(MARKER_ENV) == marker):
                 found.append(process)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return found
 
@@ -110,7 +115,8 @@ def local_cluster(nodes: int, gpus: int, cpus: int, env: dict[str, str] | None =
     ``temp`` dir, and each node's ``node_manager_ports`` (what ``ray.nodes()`` reports as ``NodeManagerPort``)."""
     temp = tempfile.mkdtemp(prefix="prh-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     gcs, dashboard, client, *ports = free_ports(3 + nodes * 6)
-    envs = [node_env(**{**(env or {}), **(node_envs or [{}] * nodes)[index]}) for index in range(nodes)]
+    envs = [node_env(**{**(env or {}), **(node_envs or [{}] * nodes)[index], MARKER_ENV: temp})
+            for index in range(nodes)]
     started = []
     try:
         head = [str(VENV_BIN / "ray"), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(gcs),
