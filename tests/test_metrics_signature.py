@@ -278,6 +278,10 @@ def test_too_few_points_or_one_step_give_no_trend():
     assert st.fit_trend([1.0, 2.0], [3.0, 5.0]) == st.Trend(2)
     assert st.fit_trend([4.0] * 5, [1.0, 2.0, 3.0, 4.0, 5.0]) == st.Trend(5)
     assert st.fit_trend([1.0, 2.0, 3.0], [1.0, np.nan, 2.0]) == st.Trend(2)
+    # three points are enough: [1, 3, 2] over 1..3 has slope ((-1)(-1) + 0 + (1)(0)) / 2 = 0.5.
+    # Catches: a trend first fitted at 4 points (<= 3 for < 3: x_fit_trend__mutmut_8).
+    three = st.fit_trend([1.0, 2.0, 3.0], [1.0, 3.0, 2.0])
+    assert three.n == 3 and three.slope == pytest.approx(0.5) and three.lo < 0.5 < three.hi
 
 
 def test_five_points_get_the_hac_interval_alone():
@@ -288,6 +292,9 @@ def test_five_points_get_the_hac_interval_alone():
     trend = st.fit_trend(xs, ys)
     half = stats.t.ppf(0.975, 3) * newey_west_se(xs, ys, 2)
     assert st.newey_west_lags(5) == 2
+    # 4 x 0.25^(2/9) = 4 x exp(-0.3081) = 2.94: 2 lags at 25 points (an exponent of 2/10 gives 3.03: 3).
+    # Catches: the exponent 2/10 (x_newey_west_lags__mutmut_9), which agrees with 2/9 at 5, 40 and 100 points.
+    assert st.newey_west_lags(25) == 2
     assert trend.slope == pytest.approx(0.8) and trend.intercept == pytest.approx(0.6)
     assert (trend.lo, trend.hi) == pytest.approx((0.8 - half, 0.8 + half), rel=1e-9)
     assert trend.hac_half == pytest.approx(half, rel=1e-9)
