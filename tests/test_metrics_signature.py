@@ -313,11 +313,13 @@ def test_six_points_are_enough_for_the_red_noise_interval():
 def test_the_red_noise_half_width_is_z_times_the_red_noise_slope_sd():
     # Catches: the quantile at 0.5 - level/2 (x_fit_trend__mutmut_77): a negative red-noise half-width, so the
     # interval would silently be the HAC one alone even where red noise makes it wider.
+    # Catches also: the seed not handed on to the surrogates (x_fit_trend__mutmut_88): seed 3 would draw seed 0's.
     ys = 0.02 * STEPS + syn.red_noise(0.6, 40, np.random.default_rng(11))
-    trend = st.fit_trend(STEPS, ys)
+    trend = st.fit_trend(STEPS, ys, seed=3)
     residual = ys - (trend.intercept + trend.slope * STEPS)
-    want = 1.959963984540054 * st.red_noise_slope_sd(STEPS, residual, trend.phi)
+    want = 1.959963984540054 * st.red_noise_slope_sd(STEPS, residual, trend.phi, seed=3)
     assert trend.red_half == pytest.approx(want, rel=1e-9) and trend.red_half > 0
+    assert want != pytest.approx(1.959963984540054 * st.red_noise_slope_sd(STEPS, residual, trend.phi), rel=1e-6)
     assert trend.half == pytest.approx(max(trend.hac_half, trend.red_half), rel=1e-12)
 
 
@@ -454,3 +456,24 @@ def test_index_spread_and_p_value_are_read_off_the_surrogates():
     assert osc.index == pytest.approx(np.log(statistic) - np.median(log_null), rel=1e-9)
     assert osc.spread == pytest.approx(np.std(log_null, ddof=1), rel=1e-12)
     assert osc.p_value == (1 + np.sum(null >= statistic)) / 100
+
+
+def test_lag1_per_column_by_hand():
+    # [1, -1, 1, -1]: (-1 - 1 - 1) / 4 = -0.75; [1, 2, -1, -2]: (2 - 2 + 2) / 10 = 0.2; a zero column: 0, not 0/0.
+    # Catches: one column forced (reshape to +1: x_lag1__mutmut_6), the zero column's guard made None
+    # (_31: a TypeError) or >= 0 (_35: nan).
+    columns = np.column_stack([[1.0, -1.0, 1.0, -1.0], [1.0, 2.0, -1.0, -2.0], [0.0, 0.0, 0.0, 0.0]])
+    assert st.lag1(columns) == pytest.approx([-0.75, 0.2, 0.0], abs=1e-15)
+
+
+def test_fit_trends_exact_line_tolerance_is_relative_with_a_floor_of_one():
+    # The same tolerance as the oscillation's, for the red-noise part of a trend's interval: 8 steps, the residual
+    # pattern of test_the_line_tolerance_is_relative_with_a_floor_of_one.
+    x8 = np.arange(1.0, 9.0)
+    pattern = np.array([1.0, -1.0, -1.0, 1.0, 1.0, -1.0, -1.0, 1.0])
+    # 1.5e-12 on values under 1: a residual, so a red-noise interval. Catches: a floor of 2 (x_fit_trend__mutmut_48).
+    assert st.fit_trend(x8, 1.5e-12 * pattern).red_half > 0
+    # a line at 5000 leaves rounding residuals near 2e-12, under 1e-12 x 5029.6: an exact line, HAC part alone.
+    # Catches: the tolerance divided by the series' size (x_fit_trend__mutmut_42).
+    line = st.fit_trend(x8, 5000.0 + 3.7 * x8)
+    assert (line.red_half, line.phi) == (0.0, 0.0)
