@@ -21,6 +21,7 @@ START_TIMEOUT_S = 180
 # set on every node of a local cluster to its temp dir, and inherited by every process the nodes start: vLLM's
 # engine processes rename themselves (VLLM::EngineCore), so their command lines no longer name the cluster
 MARKER_ENV = "POPULORA_TEST_CLUSTER"
+NODE_ENV = "POPULORA_TEST_NODE"  # and to the node's index, so that a node's processes can be stopped alone
 
 
 def free_ports(n: int) -> list[int]:
@@ -73,6 +74,15 @@ def kill_tree(marker: str) -> None:
             pass
 
 
+def _environ(process) -> dict:
+    import psutil
+
+    try:
+        return process.environ()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return {}
+
+
 def node_env(**extra: str) -> dict[str, str]:
     """This environment without Ray's and Slurm's variables, the venv first on PATH, one thread."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "SLURM_"))}
@@ -84,13 +94,15 @@ def node_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def wait_for_nodes(gcs: str, count: int, env: dict) -> None:
+def wait_for_nodes(gcs: str, count: int, env: dict, port: int = 0) -> None:
+    """Until ``count`` nodes are alive (and, with ``port``, one of them is the node on that node manager port)."""
     probe = ("import sys, ray; ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False); "
-             "print(sum(1 for n in ray.nodes() if n['Alive']))")
+             "alive = [n for n in ray.nodes() if n['Alive']]; "
+             "print(len(alive) if int(sys.argv[2]) in [0, *(n['NodeManagerPort'] for n in alive)] else -1)")
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
-        done = subprocess.run([sys.executable, "-c", probe, gcs], env=env, capture_output=True, text=True,
-                              timeout=120)
+        done = subprocess.run([sys.executable, "-c", probe, gcs, str(port)], env=env, capture_output=True,
+                              text=True, timeout=120)
         if done.returncode == 0 and done.stdout.strip().splitlines()[-1:] == [str(count)]:
             return
         time.sleep(3)
@@ -112,11 +124,13 @@ def local_cluster(nodes: int, gpus: int, cpus: int, env: dict[str, str] | None =
     """A head and ``nodes - 1`` more raylets on this machine, ``gpus`` logical GPUs and ``cpus`` CPUs each, every
     one with :func:`node_env` plus ``env`` plus its own entry of ``node_envs`` (a raylet's workers inherit its
     environment, as on separate machines). Yields the addresses: ``dashboard`` (the job API), ``gcs``, the nodes'
-    ``temp`` dir, and each node's ``node_manager_ports`` (what ``ray.nodes()`` reports as ``NodeManagerPort``)."""
+    ``temp`` dir, and each node's ``node_manager_ports`` (what ``ray.nodes()`` reports as ``NodeManagerPort``);
+    and ``lose_node(i)``, which kills node ``i`` (not the head) and every process it started at once, as a failed
+    machine does, and ``restart_node(i)``, which starts it again on new ports (``node_manager_ports`` follows)."""
     temp = tempfile.mkdtemp(prefix="prh-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     gcs, dashboard, client, *ports = free_ports(3 + nodes * 6)
-    envs = [node_env(**{**(env or {}), **(node_envs or [{}] * nodes)[index], MARKER_ENV: temp})
-            for index in range(nodes)]
+    envs = [node_env(**{**(env or {}), **(node_envs or [{}] * nodes)[index], MARKER_ENV: temp,
+                        NODE_ENV: str(index)}) for index in range(nodes)]
     started = []
     try:
         head = [str(VENV_BIN / "ray"), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(gcs),
@@ -125,14 +139,39 @@ def local_cluster(nodes: int, gpus: int, cpus: int, env: dict[str, str] | None =
         started.append(subprocess.Popen(head, env=envs[0], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                         start_new_session=True))
         wait_for_nodes(f"127.0.0.1:{gcs}", 1, envs[0])
-        for index in range(1, nodes):
-            worker = [str(VENV_BIN / "ray"), "start", "--address", f"127.0.0.1:{gcs}", "--node-ip-address",
-                      "127.0.0.1", *node_flags(ports[6 * index:6 * index + 6], gpus, cpus)]
+        gcs_address = f"127.0.0.1:{gcs}"
+        node_manager_ports = [ports[0]]
+
+        def start_node(index: int, own_ports: list[int]) -> None:
+            worker = [str(VENV_BIN / "ray"), "start", "--address", gcs_address, "--node-ip-address",
+                      "127.0.0.1", *node_flags(own_ports, gpus, cpus)]
             started.append(subprocess.Popen(worker, env=envs[index], stdout=subprocess.DEVNULL,
                                             stderr=subprocess.DEVNULL, start_new_session=True))
-        wait_for_nodes(f"127.0.0.1:{gcs}", nodes, envs[0])
-        yield {"dashboard": f"http://127.0.0.1:{dashboard}", "gcs": f"127.0.0.1:{gcs}", "temp": temp,
-               "node_manager_ports": [ports[6 * index] for index in range(nodes)]}
+
+        for index in range(1, nodes):
+            start_node(index, ports[6 * index:6 * index + 6])
+            node_manager_ports.append(ports[6 * index])
+        wait_for_nodes(gcs_address, nodes, envs[0])
+
+        def lose_node(index: int) -> None:
+            if index == 0:
+                raise ValueError("the head holds the cluster's state: losing it is losing the cluster")
+            for process in [*own_processes(temp)]:
+                if _environ(process).get(NODE_ENV) == str(index):
+                    try:
+                        process.kill()  # SIGKILL, the raylet and its workers alike: nothing gets to clean up
+                    except Exception:  # noqa: BLE001 - gone already
+                        pass
+
+        def restart_node(index: int) -> None:
+            own_ports = free_ports(6)
+            start_node(index, own_ports)
+            cluster["node_manager_ports"][index] = own_ports[0]
+            wait_for_nodes(gcs_address, nodes, envs[0], port=own_ports[0])
+
+        cluster = {"dashboard": f"http://127.0.0.1:{dashboard}", "gcs": gcs_address, "temp": temp,
+                   "node_manager_ports": node_manager_ports, "lose_node": lose_node, "restart_node": restart_node}
+        yield cluster
     finally:
         for node in reversed(started):
             node.send_signal(signal.SIGTERM)

@@ -184,12 +184,17 @@ def _python_path(runner_dir: Path) -> str:
     return os.pathsep.join([str(runner_dir), str(ROOT)])
 
 
-def _submit(script: str, cwd: Path, cluster: dict, runner_dir: Path, *flags: str, **env: str):
+def _job_env(cluster: dict, runner_dir: Path, **env: str) -> dict[str, str]:
+    """The submitting shell's environment: the cluster, the preset, the hub-id model, the job's runtime env."""
     runtime_env = {"env_vars": {  # the old default's key (TOKENIZERS_PARALLELISM) included on purpose
         "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": _python_path(runner_dir),
         "POPULORA_RAY_RUNNER": "populora_rehearsal_runner:run"}}
-    environment = node_env(RAY_ADDRESS=cluster["dashboard"], PRESET="1t1s", MODEL=HUB_MODEL,
-                           RUNTIME_ENV=json.dumps(runtime_env), **env)
+    return node_env(RAY_ADDRESS=cluster["dashboard"], PRESET="1t1s", MODEL=HUB_MODEL,
+                    RUNTIME_ENV=json.dumps(runtime_env), **env)
+
+
+def _submit(script: str, cwd: Path, cluster: dict, runner_dir: Path, *flags: str, **env: str):
+    environment = _job_env(cluster, runner_dir, **env)
     tic = time.monotonic()
     done = subprocess.run(["bash", str(ROOT / "launch" / script), *FLAGS, *flags], cwd=cwd, env=environment,
                           capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
@@ -243,13 +248,38 @@ def _check_run(run: Path, steps: list[int], stage: int) -> dict:
     return placement
 
 
+MULTINODE = {"NNODES": "2", "GPUS_PER_NODE": "1"}
+
+
+@pytest.fixture(scope="module")
+def zero3_reference(ray_cluster, runner_dir, workdir) -> Path:
+    """An uninterrupted three-step run of ``ray_job_multinode.sh`` under ZeRO-3: what a resumed run must equal."""
+    straight = workdir / "zero3-straight"
+    straight.mkdir()
+    _submit("ray_job_multinode.sh", straight, ray_cluster, runner_dir, *TWO_RANKS, "--ds.zero_stage", "3",
+            "--populora.total_steps", "3", **MULTINODE)
+    reference = straight / "runs" / "populora-1t1s"
+    _check_run(reference, [1, 2, 3], 3)
+    return reference
+
+
+def _check_equal_runs(run: Path, reference: Path) -> None:
+    """Metrics (timings aside) and every adapter, bit for bit."""
+    assert [_comparable(r) for r in _jsonl(run / "metrics.jsonl")] == \
+        [_comparable(r) for r in _jsonl(reference / "metrics.jsonl")]
+    for member in sorted(p.name for p in (reference / "adapters").iterdir()):
+        a, _ = read_peft_adapter(reference / "adapters" / member)
+        b, _ = read_peft_adapter(run / "adapters" / member)
+        assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a), member
+
+
 @pytest.mark.parametrize(("script", "stage"), [("ray_job_1node.sh", 2), ("ray_job_multinode.sh", 3)])
 def test_shipped_scripts_run_two_ranks_over_two_ray_nodes_and_resume(ray_cluster, runner_dir, workdir, script,
-                                                                      stage):
+                                                                      stage, request):
     """Two steps, then ``--ckpt.load_enable`` to a third. Under ZeRO-3 (the stage whose ranks must stay in
     lockstep) the resumed run must equal an uninterrupted three-step run: metrics and every adapter, bit for bit.
     Under ZeRO-2 the resume must continue the same run from step 2 (one reference run is enough for CI's time)."""
-    topology = {"GPUS_PER_NODE": "2"} if script == "ray_job_1node.sh" else {"NNODES": "2", "GPUS_PER_NODE": "1"}
+    topology = {"GPUS_PER_NODE": "2"} if script == "ray_job_1node.sh" else MULTINODE
     halves = workdir / f"zero{stage}-halves"
     halves.mkdir()
     zero = [*TWO_RANKS, "--ds.zero_stage", str(stage)]
@@ -263,18 +293,54 @@ def test_shipped_scripts_run_two_ranks_over_two_ray_nodes_and_resume(ray_cluster
     _check_run(run, [1, 2, 3], stage)
     resumed = _jsonl(run / "metrics.jsonl")
     assert [_comparable(r) for r in resumed[:2]] == [_comparable(r) for r in first]  # steps 1-2 kept, not rerun
-    if stage != 3:
-        return
-    straight = workdir / f"zero{stage}-straight"
-    straight.mkdir()
-    _submit(script, straight, ray_cluster, runner_dir, *zero, "--populora.total_steps", "3", **topology)
-    reference = straight / "runs" / "populora-1t1s"
-    _check_run(reference, [1, 2, 3], stage)
-    assert [_comparable(r) for r in resumed] == [_comparable(r) for r in _jsonl(reference / "metrics.jsonl")]
-    for member in sorted(p.name for p in (reference / "adapters").iterdir()):
-        a, _ = read_peft_adapter(reference / "adapters" / member)
-        b, _ = read_peft_adapter(run / "adapters" / member)
-        assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a), member
+    if stage == 3:
+        _check_equal_runs(run, request.getfixturevalue("zero3_reference"))
+
+
+LOST_NODE_EXIT_S = 300  # from the kill to the submission's exit: a run that waits on a dead rank hangs far longer
+
+
+def test_a_lost_node_ends_the_job_naming_it_and_the_resume_equals_an_uninterrupted_run(
+        ray_cluster, runner_dir, workdir, zero3_reference):
+    """The second raylet and everything it started are killed (SIGKILL) in the middle of step 2 of a three-step
+    ZeRO-3 run over both nodes: what a preempted or failed node does. The submission must end, non-zero, within
+    minutes, with a message naming the lost node and the step the run stays at. With the node back, the resume
+    must equal an uninterrupted run, bit for bit. Catches: a controller waiting on a dead rank or engine (Ray's
+    default is to wait for an hour, gloo's for 30 minutes), a message that says only that an actor died, a
+    checkpoint of the broken step, and a resume that reads it."""
+    folder = workdir / "lost-node"
+    folder.mkdir()
+    run = folder / "runs" / "populora-1t1s"
+    flags = [*FLAGS, *TWO_RANKS, "--ds.zero_stage", "3", "--populora.total_steps", "3"]
+    job = subprocess.Popen(["bash", str(ROOT / "launch" / "ray_job_multinode.sh"), *flags], cwd=folder,
+                           env=_job_env(ray_cluster, runner_dir, **MULTINODE), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while not (run / "checkpoints" / "step_000001").is_dir():  # step 1 whole: step 2 under way
+            assert job.poll() is None and time.monotonic() < deadline, "step 1 never finished"
+            time.sleep(0.5)
+        ray_cluster["lose_node"](1)
+        lost = time.monotonic()
+        out, err = job.communicate(timeout=LOST_NODE_EXIT_S)
+        print(f"[rehearsal] lost node: the submission ended {time.monotonic() - lost:.0f} s after the kill",
+              file=sys.stderr)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode != 0, (out[-3000:], err[-3000:])
+    assert re.search(r"launch: job populora-1t1s-\S+ FAILED", err), err[-3000:]
+    # the runner's one line: the step, what was lost (the node by its address), where the run stays, the resume
+    message = [line for line in out.splitlines() if "step 2 failed" in line]
+    assert message, out[-5000:]
+    assert "lost Ray node 127.0.0.1" in message[0] and "the run stays at step 1" in message[0], message[0]
+    assert "--ckpt.load_enable" in message[0], message[0]
+    assert [r["step"] for r in _jsonl(run / "metrics.jsonl")] == [1]
+    ray_cluster["restart_node"](1)
+    _submit("ray_job_multinode.sh", folder, ray_cluster, runner_dir, *TWO_RANKS, "--ds.zero_stage", "3",
+            "--populora.total_steps", "3", "--ckpt.load_enable", **MULTINODE)
+    _check_run(run, [1, 2, 3], 3)
+    _check_equal_runs(run, zero3_reference)
 
 
 # ------------------------------------------------------------------------------------------------------ Slurm

@@ -28,12 +28,18 @@ calls are split into chunks of rows.
 **Data parallelism.** ``train_step`` deals each adapter's micro-batches across the policy actor's ranks and pads
 every rank to the same count (:func:`experience.deal_experiences`): upstream hands each rank a contiguous chunk.
 
+**A lost node.** When a node that holds the run's actors dies (preempted, failed, stopped), the call that meets
+it fails as :class:`LostNode`, naming the node by its address; the runner then stops at its last whole step and
+says how to resume. The trainer actor itself is placed on the head node (the driver's), so losing any other node
+leaves the controller alive to say so.
+
 ``RayEngine`` implements ``engines.base.Engine`` over the actor group and the vLLM actors; it knows nothing of
 AZR. It runs inside the trainer actor's process.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 import sys
@@ -81,8 +87,62 @@ class AdapterSyncError(RuntimeError):
     """vLLM serves an adapter whose log-probs differ from the trainer's beyond the tolerance."""
 
 
+HEAD_RESOURCE = "node:__internal_head__"  # the resource Ray gives the head node alone
+
+
+class LostNode(RuntimeError):
+    """A Ray node that held the run's actors died during a call (preempted, failed or stopped)."""
+
+
+# After a Ray error, how long to wait for the cluster to declare a node dead: Ray's GCS marks a raylet dead after
+# its health checks fail (by default every 3 s, 5 in a row, each with a 10 s timeout), and a surviving rank can
+# fail first (its collective's peer is gone).
+NODE_DEATH_WAIT_S = 90.0
+
+
 def _get(refs, timeout: float = RAY_TIMEOUT_S):
     return ray.get(refs, timeout=timeout)
+
+
+def alive_nodes() -> dict[str, str]:
+    """``{node id: address}`` of the cluster's live nodes ({} outside a Ray cluster: nothing to lose)."""
+    if not ray.is_initialized():
+        return {}
+    return {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
+
+
+def dead_nodes(known: Mapping[str, str], wait_s: float, poll_s: float = 2.0) -> list[str]:
+    """Which of ``known`` (``{node id: address}``) the cluster reports dead, as ``"address (node id[:8], why)"``,
+    polling up to ``wait_s`` for one to be declared dead; [] if none is."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        nodes = {n["NodeID"]: n for n in ray.nodes()}
+        dead = []
+        for node, address in known.items():
+            if nodes.get(node, {}).get("Alive", False):
+                continue
+            why = nodes.get(node, {}).get("DeathReasonMessage")  # Ray's words, when it has them
+            dead.append(f"{address} (node {node[:8]}{', ' + why if why else ''})")
+        if dead or time.monotonic() >= deadline:
+            return dead
+        time.sleep(poll_s)
+
+
+def _names_lost_nodes(method):
+    """A Ray error in ``method`` becomes :class:`LostNode` when a node the run started with has died."""
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except ray.exceptions.RayError as err:
+            dead = dead_nodes(self._nodes, NODE_DEATH_WAIT_S)
+            if not dead:
+                raise
+            raise LostNode(f"lost Ray node {', '.join(dead)} in {method.__name__}: the actors it held are gone "
+                           f"({type(err).__name__})") from err
+
+    return call
 
 
 class RayEngine:
@@ -94,6 +154,7 @@ class RayEngine:
         self.tokenizer = trainer.tokenizer
         self.actors = trainer.actor_model_group
         self.vllm_engines = list(trainer.vllm_engines or [])
+        self._nodes = alive_nodes()  # the nodes the run starts with: one that dies is named (_names_lost_nodes)
         if not self.vllm_engines:
             raise ValueError("the Ray engine generates with vLLM only: set --vllm.num_engines >= 1")
         self._names = list(self.args.populora.adapter_names)
@@ -130,11 +191,13 @@ class RayEngine:
         if weights is not None:
             self.set_adapter(name, weights)
 
+    @_names_lost_nodes
     def get_adapter(self, name: str) -> dict[str, torch.Tensor]:
         self._check(name)
         # a collective under ZeRO-3: every rank gathers, only rank 0 returns its copy
         return _get(self.actors.async_run_method(method_name="get_adapter_state", name=name))[0]
 
+    @_names_lost_nodes
     def set_adapter(self, name: str, weights: Mapping[str, torch.Tensor]) -> None:
         self._check(name)
         tensors = ray.put({k: v.detach().to("cpu", torch.float32) for k, v in weights.items()})  # stored once
@@ -148,6 +211,7 @@ class RayEngine:
         if name not in self._names:
             raise KeyError(f"unknown adapter {name!r}; the engine holds {self._names}")
 
+    @_names_lost_nodes
     def upload(self, names: Sequence[str]) -> None:
         """Send the current weights of ``names`` to every vLLM engine (each engine gives them a fresh LoRA id),
         then prove the sync (:meth:`check_sync`)."""
@@ -159,6 +223,7 @@ class RayEngine:
         self._uploaded.update(names)
         self.check_sync(names)
 
+    @_names_lost_nodes
     def check_sync(self, names: Sequence[str]) -> dict[str, float]:
         """Prove that every vLLM engine serves, for each adapter of ``names``, the weights the trainer holds now.
 
@@ -212,6 +277,7 @@ class RayEngine:
                     f"the trainer holds (sha256 {held[key][:12]}, both in {info['dtype']}): a stale or corrupted "
                     f"upload")
 
+    @_names_lost_nodes
     def probe_gaps(self, names: Sequence[str]) -> tuple[dict[str, float], dict[str, float]]:
         """The behaviour half of :meth:`check_sync`: per adapter, the largest |log-prob difference| between
         vLLM and the trainer over the probe's greedy and sampled tokens on every engine, and the worst engine's
@@ -240,6 +306,7 @@ class RayEngine:
             worst_mean[name] = float("nan") if nan else max(means, default=0.0)
         return out, worst_mean
 
+    @_names_lost_nodes
     def token_log_probs(self, trajectories: Sequence[Trajectory]) -> list[list[float]]:
         """Each response token's log-prob at temperature 1 under its trajectory's adapter, as the policy actor
         (the trainer's weights) computes it (diagnostics, the learning probe, the sync probe, tests).
@@ -274,6 +341,7 @@ class RayEngine:
     def render_prompt(self, user_text: str, chat_template: bool = True) -> str:
         return render_chat(self.tokenizer, user_text, chat_template)
 
+    @_names_lost_nodes
     def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[list[Completion]]:
         missing = sorted({r.adapter for r in requests} - self._uploaded - {BASE_ADAPTER})
         if missing:  # first use: upstream syncs vLLM only on resume, so the adapters go up here
@@ -321,6 +389,7 @@ class RayEngine:
 
     # -------------------------------------------------------------------------------- training
 
+    @_names_lost_nodes
     def train_step(self, trajectories: Sequence[Trajectory]) -> dict[str, dict[str, float]]:
         """Upstream's ``train_step`` on the trajectories (experiences, ``append``, ``ppo_train``), then the
         upload of every adapter it changed, with its sync proof (``sync_logprob_diff`` in its diagnostics)."""
@@ -346,12 +415,14 @@ class RayEngine:
 
     # ------------------------------------------------------------------------------------ state
 
+    @_names_lost_nodes
     def save_state(self, path: str) -> None:
         """A DeepSpeed checkpoint of the actor (every adapter, the optimizer, the scheduler) under ``path``."""
         Path(path).mkdir(parents=True, exist_ok=True)
         _get(self.actors.async_run_method(method_name="save_state", path=path,
                                           client_states={"global_step": self.global_step}))
 
+    @_names_lost_nodes
     def load_state(self, path: str) -> None:
         states = _get(self.actors.async_run_method(method_name="load_state", path=path))[0]
         self.global_step = int((states or {}).get("global_step", 0))
@@ -422,6 +493,7 @@ class PopuLoRATrainerBase(PPOTrainer.__ray_actor_class__):
         return runner(self.args, RayEngine(self))
 
 
-@ray.remote
+# on the head node, where the driver runs: losing any other node leaves the controller alive to name it
+@ray.remote(resources={HEAD_RESOURCE: 0.001})
 class PopuLoRATrainer(PopuLoRATrainerBase):
     """The Ray actor upstream's ``train()`` creates in place of ``PPOTrainer`` (swapped in by ``launch``)."""
