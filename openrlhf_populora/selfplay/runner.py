@@ -40,7 +40,7 @@ from openrlhf_populora.config import (
     config_from_dict,
     resume_conflicts,
 )
-from openrlhf_populora.dirlock import DirectoryBusy, DirectoryLock, lock_directory
+from openrlhf_populora.dirlock import DirectoryBusy, DirectoryLock, claim_directory
 from openrlhf_populora.durable import replace_text
 from openrlhf_populora.metrics import Tracker, progress_postfix
 from openrlhf_populora.metrics.provenance import provenance
@@ -97,12 +97,9 @@ def _lock_run_dir(run_dir: Path) -> DirectoryLock:
     same directory would interleave their metrics and checkpoints. ``flock``, or an owner file where the
     filesystem has none (Lustre, NFS without lockd: ``dirlock``)."""
     try:
-        return lock_directory(run_dir)
+        return claim_directory(run_dir, "--ckpt.output_dir", "run")
     except DirectoryBusy as busy:
-        if busy.stale:
-            raise SystemExit(f"error: --ckpt.output_dir {run_dir}: {busy}") from None
-        raise SystemExit(f"error: another run is writing into {run_dir} right now ({busy}); wait for it or choose "
-                         f"another --ckpt.output_dir") from None
+        raise SystemExit(f"error: {busy}") from None
 
 
 def _write_config(config: Config, run_dir: Path) -> None:
