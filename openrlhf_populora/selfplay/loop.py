@@ -167,7 +167,7 @@ class SelfPlay:
         self.evolution_pending = False  # the last step was due to evolve and did not (evolve_pending)
         self.templates = COMPACT_TEMPLATES if self.p.prompts == "compact" else DEFAULT_TEMPLATES
         self.on_phase: Callable[[str], None] | None = None  # told each phase as it starts (progress bars)
-        # member ids that play but never train (the retention study's fixed opponent, cli/retention.py);
+        # member ids that play but never train (the retention study's fixed opponent, studies/retention.py);
         # not part of the saved state: whoever freezes members sets this again after load_state
         self.frozen: set[str] = set()
         self._sampling = SamplingParams(temperature=config.rollout.temperature, top_p=config.rollout.top_p,
