@@ -43,16 +43,17 @@ def build_parser() -> argparse.ArgumentParser:
                         help="readable names or paper codes (M1-M6, X1-X9, copy_parent, linear_0_5); default all: "
                              "the mutations and copy_parent, and with two parents the crossovers and linear_0_5 "
                              "too; copy_parent (the reference) is always run")
-    parser.add_argument("--steps", type=int, default=50, help="retraining steps per child")
+    parser.add_argument("--steps", type=int, default=study.Request.steps, help="retraining steps per child")
     parser.add_argument("--out", type=Path, help="the study directory (created; rerun into it to resume)")
     parser.add_argument("--opponent", default=None, metavar="MEMBER",
                         help="the frozen opponent, a member of the other role alive at every snapshot "
                              "(default: the best-rated one of each snapshot)")
-    parser.add_argument("--probe-samples", type=int, default=8, metavar="K",
+    parser.add_argument("--probe-samples", type=int, default=study.Request.probe_samples, metavar="K",
                         help="completions each parent samples at a snapshot for the log-prob retention measure")
-    parser.add_argument("--tolerance", type=float, default=0.1,
+    parser.add_argument("--tolerance", type=float, default=study.Request.tolerance,
                         help="recovery: the child's metric >= copy_parent's - tolerance x |copy_parent's|")
-    parser.add_argument("--smooth", type=int, default=5, help="trailing mean, in retraining steps, for the table")
+    parser.add_argument("--smooth", type=int, default=study.Request.smooth,
+                        help="trailing mean, in retraining steps, for the table")
     parser.add_argument("--at", type=int, nargs="+", default=None, metavar="K",
                         help="the table's retraining steps (default: 20 and --steps)")
     parser.add_argument("--populora.device", dest="device", choices=("cpu", "cuda"), default=None,

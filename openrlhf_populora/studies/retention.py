@@ -54,7 +54,8 @@ IDENTITY = ("run", "parents", "role", "opponent", "steps", "probe_samples")  # w
 
 @dataclass
 class Request:
-    """What a study is asked to do (``cli/retention.py``'s flags, which the error messages name)."""
+    """What a study is asked to do: ``cli/retention.py``'s flags (the error messages name them), whose defaults
+    are these."""
 
     run: Path
     snapshots: list[int] | None = None
@@ -71,6 +72,7 @@ class Request:
     num_threads: int | None = None
     model: str | None = None  # the base model, when the run's is elsewhere on this machine
     dtype: str | None = None  # the frozen base's dtype
+
 
 # ------------------------------------------------------------------------------------------------- inputs
 
