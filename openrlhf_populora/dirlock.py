@@ -129,3 +129,16 @@ def lock_directory(directory: str | os.PathLike) -> DirectoryLock:
     handle.write(str(os.getpid()))
     handle.flush()
     return DirectoryLock(handle=handle)
+
+
+def claim_directory(directory: str | os.PathLike, flag: str, writer: str) -> DirectoryLock:
+    """:func:`lock_directory` for an entry point (the runner's run directory, a study's ``--out``): a refusal is a
+    :class:`DirectoryBusy` whose message is the one line to show, naming the ``flag`` that chose the directory and
+    the other ``writer`` ("run", "study")."""
+    try:
+        return lock_directory(directory)
+    except DirectoryBusy as busy:
+        if busy.stale:
+            raise DirectoryBusy(f"{flag} {directory}: {busy}", stale=True) from None
+        raise DirectoryBusy(f"another {writer} is writing into {directory} right now ({busy}); wait for it or "
+                            f"choose another {flag}") from None

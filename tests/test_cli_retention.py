@@ -1,4 +1,5 @@
-"""``cli.retention``, the operator retention study, end to end on a tiny-model run made here.
+"""The operator retention study (``studies/retention.py``, through ``cli.retention``) end to end, on a tiny-model
+run made here.
 
 The source run is a real ``runner.run`` of 2 teachers + 2 students on the tiny model, checkpointed after every
 step, with scripted completions (``engines/scripted.py``: the text is scripted, the adapters, their training,

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from openrlhf_populora.cli.errors import InputError
 from openrlhf_populora.config import parse_config
+from openrlhf_populora.errors import InputError
 from openrlhf_populora.selfplay.runner import claim_run_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,11 +86,11 @@ def test_a_stale_owner_file_is_refused_naming_the_file(tmp_path, monkeypatch):
 
 
 def test_the_retention_studys_lock_falls_back_too(tmp_path, monkeypatch):
-    from openrlhf_populora.cli import retention
+    from openrlhf_populora.studies import retention
 
     _without_flock(monkeypatch, errno.ENOLCK)
-    held = retention._lock(tmp_path)
-    with pytest.raises(InputError, match="another study is writing into it"):
-        retention._lock(tmp_path)
+    held = retention.lock_study(tmp_path)
+    with pytest.raises(InputError, match=f"another study is writing into {tmp_path}"):
+        retention.lock_study(tmp_path)
     held.close()
-    retention._lock(tmp_path).close()
+    retention.lock_study(tmp_path).close()

@@ -1,17 +1,18 @@
 """The operator retention study's directory, measures, table and figures (the paper's Figs 6, 16 and 17).
 
-``cli/retention.py`` takes a member of a run at checkpointed steps, makes a child of it with every evolution
-operator, retrains each child against a frozen opponent and writes a **study directory**; this module reads it
-back (``cli/report.py --retention DIR`` draws it too). Layout::
+``studies/retention.py`` (``cli/retention.py``) takes a member of a run at checkpointed steps, makes a child of it
+with every evolution operator, retrains each child against a frozen opponent and writes a **study directory**; this
+module reads it back (``cli/report.py --retention DIR`` draws it too). Layout::
 
     study.json                     what was asked: run, parents, role, opponent, steps, probe size, operators,
                                    snapshots, and the table's settings (tolerance, smoothing, table steps)
     parents.json                   each parent's curves in its own run (member/<id>/<role>/all/<metric>)
     snapshots/step_NNNNNN/         what every child of that snapshot shares: the parents' weights
                                    (parents.pt) and their probe samples with their own log-probs (probe.json)
-    children/step_NNNNNN/<op>/     one run directory per child: config.yaml, child.json, metrics.jsonl,
-                                   problems.jsonl, checkpoints/ (the last step's), adapters/child/ and DONE
-                                   once all its steps ran
+    children/step_NNNNNN/<op>/     one run directory per child, written by the runner: config.yaml,
+                                   metrics.jsonl, problems.jsonl, run_meta.json, checkpoints/ (the last
+                                   step's), adapters/ (the child's and the opponent's), population.json,
+                                   buffers.jsonl; and child.json, and DONE once all its steps ran
     retention.md, retention.json   the table; retention_grid*.png, retention_measures.png: the figures
 
 A child's ``metrics.jsonl`` follows the run schema (``metrics/keys.py``; the child is member ``child``, its

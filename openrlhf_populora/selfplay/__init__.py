@@ -1,6 +1,7 @@
 """The PopuLoRA iteration and the single-agent baseline, written once against the engine protocol.
 
-``loop.SelfPlay`` runs one step; ``runner.run`` runs a whole run (resume, checkpoints, Ctrl-C, export);
+``loop.SelfPlay`` runs one step; ``runner.run`` runs a whole run (resume, checkpoints, Ctrl-C, export), and
+``runner.run_on`` with ``RunHooks`` the same for a study;
 ``advantages`` whitens rewards per (member, role, task type); ``summary`` builds the tracker's records;
 ``checkpoint`` writes checkpoints atomically.
 """

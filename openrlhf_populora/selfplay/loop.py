@@ -34,7 +34,7 @@ import logging
 import random
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from statistics import fmean
@@ -51,6 +51,7 @@ from openrlhf_populora.engines.base import (
 )
 from openrlhf_populora.metrics import CoverageArchive, Tracker, program_complexity
 from openrlhf_populora.population import (
+    EvolutionAction,
     Matchup,
     Member,
     Population,
@@ -166,7 +167,7 @@ class SelfPlay:
         self.evolution_pending = False  # the last step was due to evolve and did not (evolve_pending)
         self.templates = COMPACT_TEMPLATES if self.p.prompts == "compact" else DEFAULT_TEMPLATES
         self.on_phase: Callable[[str], None] | None = None  # told each phase as it starts (progress bars)
-        # member ids that play but never train (the retention study's fixed opponent, cli/retention.py);
+        # member ids that play but never train (the retention study's fixed opponent, studies/retention.py);
         # not part of the saved state: whoever freezes members sets this again after load_state
         self.frozen: set[str] = set()
         self._sampling = SamplingParams(temperature=config.rollout.temperature, top_p=config.rollout.top_p,
@@ -473,18 +474,24 @@ class SelfPlay:
         self.evolution_pending = False
         return self._evolve(self.step)
 
-    def _evolve(self, t: int) -> list[dict[str, Any]]:
+    def apply_evolution(self, action: EvolutionAction, parents: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """Make ``action``'s child with its operator from ``parents`` (the parents' adapter weights, aligned with
+        ``action.parents``, best first) and install it in ``action.slot`` with a fresh optimizer state. Returns
+        the operator's info for the lineage. The population and ratings are the caller's to update (``_evolve``:
+        ``apply_plan``; the retention study: its child and opponent)."""
         from openrlhf_populora.evolution import apply_action
 
+        child, info = apply_action(action, parents)
+        self.engine.set_adapter(action.slot, child)
+        return info
+
+    def _evolve(self, t: int) -> list[dict[str, Any]]:
         actions = plan_evolution(self.population, self.ratings, t, self.p.evolution,
                                  seed=step_seed(self.config.train.seed, t, "evolve"))
         # read every parent before writing any child: a child may take the slot of another action's parent
         parents = {slot: self.engine.get_adapter(slot) for a in actions for slot in a.parent_adapters}
-        infos = []
-        for action in actions:
-            child, info = apply_action(action, [parents[slot] for slot in action.parent_adapters])
-            self.engine.set_adapter(action.slot, child)
-            infos.append(info)
+        infos = [self.apply_evolution(action, [parents[slot] for slot in action.parent_adapters])
+                 for action in actions]
         apply_plan(self.population, self.ratings, actions, infos)
         return [{**action.to_dict(), "child": action.new_id, **{k: v for k, v in info.items() if _is_scalar(v)}}
                 for action, info in zip(actions, infos, strict=True)]
