@@ -18,7 +18,10 @@
 #                  set here win over the launcher's own, which leaves them out of its ray.init: Ray refuses a
 #                  key set on both sides)
 #   SUBMISSION_ID  the Ray job's id                             (default populora-<PRESET>-<date-time>-<pid>)
-#   DRY_RUN=1      print the command instead of submitting it (tests/test_launch_scripts.py uses this)
+#   PREFLIGHT      1 (default): before the run, its preflight (python -m openrlhf_populora.cli.preflight with the
+#                  same flags) runs as a Ray job of its own on the same cluster and prints one table; anything it
+#                  refuses stops the launch (exit 2) before the run is submitted. 0 skips it
+#   DRY_RUN=1      print the run's command instead of submitting anything (tests/test_launch_scripts.py uses this)
 
 POPULORA_LAUNCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PRESET=${PRESET:-4t4s}
@@ -63,9 +66,26 @@ populora_args() {
          --logger.tensorboard_dir "$RUN_DIR/tensorboard")
 }
 
-# Submit ARGS plus "$@" (extra flags from the command line win: argparse keeps the last value), then follow the
-# job to its end with ray_job_follow.py: exit 0 only if it succeeded. Not `ray job submit`'s own tail, which can
-# return 0 while the job still runs (ray-project/ray#51601), and the sbatch script would then stop Ray under it.
+# The preflight of ARGS plus "$@" as a Ray job of its own, id $1-preflight: it runs where the run's driver will (the
+# head node, the same runtime env), probes every node with a tiny task (model, CUDA, flash-attn, GPU memory,
+# adapter directory) and checks the run directory and the cluster's resources against the plan; its table comes
+# back in its log. Anything refused stops the launch here, with exit status 2, before the run is submitted.
+populora_preflight() {
+  local id=$1-preflight
+  shift
+  ray job submit --address="$RAY_ADDRESS" --runtime-env-json="$RUNTIME_ENV" --submission-id="$id" --no-wait \
+    -- python3 -m openrlhf_populora.cli.preflight --populora.engine ray "${ARGS[@]}" "$@"
+  if ! python3 "$POPULORA_LAUNCH_DIR/ray_job_follow.py" "$RAY_ADDRESS" "$id"; then
+    echo "launch: the preflight ($id) refused this launch, or could not run: its log above says what to fix." \
+      "Nothing was submitted (PREFLIGHT=0 skips the preflight)" >&2
+    exit 2
+  fi
+}
+
+# Submit ARGS plus "$@" (extra flags from the command line win: argparse keeps the last value), after its preflight,
+# then follow the job to its end with ray_job_follow.py: exit 0 only if it succeeded. Not `ray job submit`'s own
+# tail, which can return 0 while the job still runs (ray-project/ray#51601), and the sbatch script would then stop
+# Ray under it.
 populora_submit() {
   local id=${SUBMISSION_ID:-populora-$PRESET-$(date +%Y%m%d-%H%M%S)-$$}
   local cmd=(ray job submit --address="$RAY_ADDRESS" --runtime-env-json="$RUNTIME_ENV" --submission-id="$id"
@@ -78,6 +98,7 @@ populora_submit() {
         "run from the Python environment that has Ray" >&2
       exit 2
     fi
+    [[ ${PREFLIGHT:-1} == 0 ]] || populora_preflight "$id" "$@"
     "${cmd[@]}"
     python3 "$POPULORA_LAUNCH_DIR/ray_job_follow.py" "$RAY_ADDRESS" "$id"
   fi

