@@ -73,7 +73,7 @@ def parse_stock_args(argv: Sequence[str], cpu: bool | None = None):
     upstream does not know."""
     from openrlhf.utils.config import hierarchize
 
-    from openrlhf_populora.cli.ray_launch import upstream_parser
+    from openrlhf_populora.build.ray import upstream_parser
 
     parser = upstream_parser()
     parser.prog = PROG
@@ -83,7 +83,7 @@ def parse_stock_args(argv: Sequence[str], cpu: bool | None = None):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from openrlhf_populora.cli.ray_launch import _upstream_validation_failed, run_upstream
+    from openrlhf_populora.build.ray import run_upstream, upstream_validation_failed
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -102,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         run_upstream(args, all_cpu_patches() if ray_launch.cpu else [])
     except AssertionError as err:
-        if not _upstream_validation_failed(err):
+        if not upstream_validation_failed(err):
             raise
         print(f"{PROG}: error: {err} (OpenRLHF's argument validation)", file=sys.stderr)
         return 2
