@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from openrlhf_populora.cli.errors import InputError
 from openrlhf_populora.config import parse_config
+from openrlhf_populora.errors import InputError
 from openrlhf_populora.selfplay.runner import claim_run_dir
 
 ROOT = Path(__file__).resolve().parents[1]

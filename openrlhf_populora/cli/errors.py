@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from openrlhf_populora.errors import InputError
 
-class InputError(Exception):
-    """Bad input: reported as one line on stderr, exit status 2."""
+__all__ = ["InputError", "OneLineParser"]  # InputError lives below the CLI (the modules that raise it do too)
 
 
 class OneLineParser(argparse.ArgumentParser):
