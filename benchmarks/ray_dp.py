@@ -42,7 +42,7 @@ def _upstream_args(argv: list[str]):
     """OpenRLHF's own parser (captured by the launcher) and the two values its validation derives."""
     from openrlhf.utils.config import hierarchize
 
-    from openrlhf_populora.cli.ray_launch import upstream_parser
+    from openrlhf_populora.build.ray import upstream_parser
 
     args = hierarchize(upstream_parser().parse_args(argv))
     args.actor.eps_clip_low_high = (args.actor.eps_clip, args.actor.eps_clip)

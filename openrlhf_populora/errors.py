@@ -1,6 +1,6 @@
-"""Bad input, as every entry point reports it: one line on stderr, exit status 2 (``cli/errors.py``).
+"""Bad input, as the tools below the CLI report it: ``InputError``'s message is one line naming what is wrong.
 
-It lives below the CLI so that what the CLI calls (a study's plan, ``studies/``) can raise it.
+The command-line modules catch it and print it as ``error: <message>`` on stderr, exit status 2.
 """
 
 

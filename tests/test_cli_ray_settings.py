@@ -7,8 +7,8 @@ import pytest
 
 pytest.importorskip("openrlhf")
 
-from openrlhf_populora.cli import ray_launch as launch  # noqa: E402
-from openrlhf_populora.cli.ray_launch import config_from_args  # noqa: E402
+from openrlhf_populora.build import ray as launch  # noqa: E402
+from openrlhf_populora.build.ray import config_from_args  # noqa: E402
 from openrlhf_populora.engines.ray import cluster  # noqa: E402
 
 BASE = ["--actor.model_name_or_path", "/models/tiny", "--vllm.num_engines", "1", "--ds.lora.rank", "8"]

@@ -69,7 +69,7 @@ from pathlib import Path
 
 import ray
 
-from openrlhf_populora.cli.ray_launch import run_selfplay
+from openrlhf_populora.build.ray import run_selfplay
 from openrlhf_populora.engines.ray.trainer import RayEngine
 from openrlhf_populora.engines.scripted import scripted_engine
 

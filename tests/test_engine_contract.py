@@ -12,7 +12,7 @@ from openrlhf_populora.config import Config
 from openrlhf_populora.engines.local import LocalEngineConfig
 
 ENGINES = Path(__file__).resolve().parents[1] / "openrlhf_populora" / "engines"
-LOOP_SIDE = ("selfplay", "population", "tasks", "rewards", "config", "metrics", "cli", "eval")
+LOOP_SIDE = ("selfplay", "population", "tasks", "rewards", "config", "metrics", "build", "cli", "eval")
 
 
 def _imports(path: Path) -> set[str]:

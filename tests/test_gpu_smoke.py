@@ -14,7 +14,7 @@ pytest.importorskip("openrlhf")
 
 from openrlhf_populora.patches import openrlhf_0_11_2 as patches  # noqa: E402
 
-from openrlhf_populora.cli import ray_launch  # noqa: E402
+from openrlhf_populora.build import ray as launch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,7 +29,7 @@ def test_every_gpu_smoke_launch_parses_and_passes_upstream_validation(monkeypatc
     assert [argv[:2] for argv in launches] == [["-m", "openrlhf_populora.cli.train"]] * 2
     modes = []
     for argv in launches:
-        args = ray_launch.parse_launch_args(argv[2:])  # exit 2 on any unknown flag, bad value or refusal
+        args = launch.parse_launch_args(argv[2:])  # exit 2 on any unknown flag, bad value or refusal
         modes.append(args.populora.mode)
         assert args.populora.report is False and args.populora.total_steps == 4
 
@@ -41,6 +41,6 @@ def test_every_gpu_smoke_launch_parses_and_passes_upstream_validation(monkeypatc
 
         monkeypatch.setattr(ray, "is_initialized", reached)
         with pytest.raises(Reached):
-            ray_launch.run_upstream(args, [])
+            launch.run_upstream(args, [])
         assert patches.applied() == []
     assert modes == ["population", "baseline"]

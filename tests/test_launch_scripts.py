@@ -15,7 +15,7 @@ pytest.importorskip("openrlhf")
 
 from openrlhf_populora.patches import openrlhf_0_11_2 as patches  # noqa: E402
 
-from openrlhf_populora.cli import ray_launch as launch  # noqa: E402
+from openrlhf_populora.build import ray as launch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCH = ROOT / "launch"

@@ -37,7 +37,7 @@ SCRIPTED_RUNNER = r'''
 import json, re
 from pathlib import Path
 
-from openrlhf_populora.cli.ray_launch import run_selfplay
+from openrlhf_populora.build.ray import run_selfplay
 from openrlhf_populora.engines.ray.trainer import RayEngine
 from openrlhf_populora.engines.scripted import scripted_engine
 

@@ -15,7 +15,8 @@ pytest.importorskip("openrlhf")
 from openrlhf_populora.patches import openrlhf_0_11_2 as patches  # noqa: E402
 from openrlhf_populora.patches.openrlhf_0_11_2 import lock  # noqa: E402
 
-from openrlhf_populora.cli import ray_launch as launch  # noqa: E402
+from openrlhf_populora.build import ray as launch  # noqa: E402
+from openrlhf_populora.cli import ray_launch  # noqa: E402
 from openrlhf_populora.config import PopuLoRAConfig, iter_fields  # noqa: E402
 from openrlhf_populora.config import build_parser as local_parser  # noqa: E402
 
@@ -133,7 +134,7 @@ def test_the_rollout_engines_serve_the_trained_layers_only(monkeypatch, targets,
     monkeypatch.setattr(vllm_rollout, "MultiLoRARolloutActor", vllm_rollout.MultiLoRARolloutActor)
     monkeypatch.setenv(vllm_rollout.CONFIG_ENV, "")
     argv = BASE + (["--ds.lora.target_modules", *targets] if targets else [])
-    swaps = {p.target: p.replacement for p in launch._prepare(launch.parse_launch_args(argv))}
+    swaps = {p.target: p.replacement for p in launch.launch_swaps(launch.parse_launch_args(argv))}
     actor = swaps["openrlhf.trainer.ray.vllm_engine:RolloutRayActor"].__ray_actor_class__
     for cpu in (True, False):
         assert actor.multilora.engine_kwargs(cpu=cpu)["lora_target_modules"] == served
@@ -307,7 +308,7 @@ def test_runpy_launch_runs_upstream_train_with_the_swapped_classes(fake_cluster,
     originals = {target: patches.lookup(target) for target in stand_ins}
     argv = BASE + ["--actor.num_nodes", "1", "--actor.num_gpus_per_node", "2", "--train.colocate_all",
                    "--vllm.enforce_eager", "--populora.num_teachers", "2", "--populora.num_students", "2"]
-    assert launch.main(argv) == 0
+    assert ray_launch.main(argv) == 0
 
     trainer = stand_ins["openrlhf.trainer.ppo_trainer:PPOTrainer"]
     policy = stand_ins["openrlhf.trainer.ray.ppo_actor:PolicyModelActor"]
@@ -344,7 +345,7 @@ def test_runpy_launch_runs_upstream_train_with_the_swapped_classes(fake_cluster,
 
 def test_upstream_validation_errors_exit_2_and_revert_the_swaps(fake_cluster, stand_ins, capsys):
     originals = {target: patches.lookup(target) for target in stand_ins}
-    assert launch.main(BASE + ["--algo.advantage.estimator", "rloo"]) == 2
+    assert ray_launch.main(BASE + ["--algo.advantage.estimator", "rloo"]) == 2
     assert "rloo requires n_samples_per_prompt > 1" in capsys.readouterr().err
     assert RecordingGroup.made == [] and patches.applied() == []
     assert {target: patches.lookup(target) for target in stand_ins} == originals
@@ -352,7 +353,7 @@ def test_upstream_validation_errors_exit_2_and_revert_the_swaps(fake_cluster, st
 
 def test_an_existing_run_is_refused_before_anything_starts(fake_cluster, stand_ins, tmp_path, capsys):
     (tmp_path / "metrics.jsonl").write_text("{}\n")
-    assert launch.main(BASE + ["--ckpt.output_dir", str(tmp_path)]) == 2
+    assert ray_launch.main(BASE + ["--ckpt.output_dir", str(tmp_path)]) == 2
     assert "already holds a run" in capsys.readouterr().err
     assert RecordingGroup.made == [] and patches.applied() == []
     assert (tmp_path / "metrics.jsonl").read_text() == "{}\n"  # nothing lost
@@ -361,7 +362,7 @@ def test_an_existing_run_is_refused_before_anything_starts(fake_cluster, stand_i
 def test_failures_inside_train_propagate_and_revert_the_swaps(fake_cluster, stand_ins):
     originals = {target: patches.lookup(target) for target in stand_ins}
     with pytest.raises(AssertionError, match="must be equal to"):  # colocated: 2 GPUs vs 3 engines
-        launch.main(BASE[:3] + ["3", "--ds.lora.rank", "8", "--actor.num_gpus_per_node", "2",
+        ray_launch.main(BASE[:3] + ["3", "--ds.lora.rank", "8", "--actor.num_gpus_per_node", "2",
                                 "--train.colocate_all"])
     assert patches.applied() == []
     assert {target: patches.lookup(target) for target in stand_ins} == originals
@@ -369,7 +370,7 @@ def test_failures_inside_train_propagate_and_revert_the_swaps(fake_cluster, stan
 
 def test_version_mismatch_stops_the_launch(monkeypatch, capsys):
     monkeypatch.setattr(patches, "installed_version", lambda: "0.11.3")
-    assert launch.main(BASE) == 1
+    assert ray_launch.main(BASE) == 1
     assert "pip install --no-deps openrlhf==0.11.2" in capsys.readouterr().err
 
 
@@ -382,7 +383,7 @@ def test_train_cli_hands_the_whole_argv_to_the_ray_launcher(monkeypatch, argv):
     from openrlhf_populora.cli import train
 
     seen = []
-    monkeypatch.setattr(launch, "main", lambda a: seen.append(a) or 0)
+    monkeypatch.setattr(ray_launch, "main", lambda a: seen.append(a) or 0)
     assert train.main(argv) == 0
     assert seen == [argv]
 
@@ -393,7 +394,7 @@ def test_train_cli_follows_a_preset_that_selects_ray(monkeypatch, tmp_path):
     preset = tmp_path / "ray.yaml"
     preset.write_text("populora: {engine: ray, num_teachers: 3}\n")
     seen = []
-    monkeypatch.setattr(launch, "main", lambda a: seen.append(a) or 0)
+    monkeypatch.setattr(ray_launch, "main", lambda a: seen.append(a) or 0)
     assert train.main(["--config", str(preset)]) == 0 and seen == [["--config", str(preset)]]
     assert train._selects_ray(["--config", str(preset), "--populora.engine", "local"]) is False
     assert train._selects_ray(["--config", "configs/4t4s.yaml"]) is False

@@ -2,6 +2,7 @@
 
 - reading runs back, tolerant of crashes and older schemas   (runs.py)
 - the paper's signature, population against baseline          (signature.py, its statistics signature_stats.py)
+- comparing arms: checks, attribution, outputs of cli.compare  (compare.py)
 - the mode-collapse definition of the 120-step study          (collapse.py)
 - the operator retention study's measures                     (retention.py)
 - figures and ``summary.md``: ``render_report``               (report.py, plots.py; matplotlib on demand)

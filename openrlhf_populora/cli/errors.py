@@ -7,7 +7,7 @@ import sys
 
 from openrlhf_populora.errors import InputError
 
-__all__ = ["InputError", "OneLineParser"]
+__all__ = ["InputError", "OneLineParser"]  # InputError lives below the CLI (the modules that raise it do too)
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from openrlhf_populora import preflight
-    from openrlhf_populora.cli.ray_launch import config_from_args, parse_launch_args
+    from openrlhf_populora.build.ray import config_from_args, parse_launch_args
     from openrlhf_populora.engines.ray import cluster
     from openrlhf_populora.selfplay.runner import check_run_dir
 

@@ -7,7 +7,7 @@
     write_report(summarize(store.records(), groups, ["humaneval"]), out_dir)   # report: table + chart
 
 A full fine-tuned model (stock OpenRLHF's checkpoint, the B2 baseline) is an ``EvalMember`` with ``model_dir`` set:
-it gets its own backend, built on that directory with no adapter (``cli/evaluate.py``'s ``engine_jobs``).
+it gets its own backend, built on that directory with no adapter (``plan.engine_jobs``).
 
 The command line is ``python -m openrlhf_populora.cli.evaluate`` (see ``cli/evaluate.py``). Which prompt template
 fits which model: ``prompts``; the published pass@1 of known models and the check against it: ``published``.

@@ -86,7 +86,7 @@ VOLATILE_DEFAULTS = {"logger.wandb.run_name": "<ppo_%m%dT%H:%M at parse time>"}
 def patch_targets() -> list[str]:
     """Targets of every registered patch list: the Ray launch's class swaps, and the CPU patches where
     ``patches/openrlhf_0_11_2/cpu.py`` imports."""
-    from openrlhf_populora.cli.ray_launch import SWAPS
+    from openrlhf_populora.build.ray import SWAPS
 
     targets = [target for target, _, _ in SWAPS]
     try:
@@ -167,7 +167,7 @@ def flag_snapshot(parser: argparse.ArgumentParser, flags: list[str] | None = Non
 
 def compute() -> dict[str, Any]:
     """The lock as it would be written for the installed upstream."""
-    from openrlhf_populora.cli.ray_launch import upstream_parser
+    from openrlhf_populora.build.ray import upstream_parser
 
     return {
         "openrlhf_version": patches.installed_version(),

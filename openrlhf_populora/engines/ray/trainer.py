@@ -6,7 +6,7 @@ policy actor group and the vLLM engines. What changes:
 
 - no prompt dataset: the prompts are the loop's proposer and solver prompts, written each step;
 - ``fit`` hands a :class:`RayEngine` to the run function the composition layer named in
-  ``args.populora.runner`` (``"module:function"``; the CLI's runs the same self-play loop as the embedded
+  ``args.populora.runner`` (``"module:function"``; ``build.ray:run_selfplay`` runs the same self-play loop as the local
   engine). The trainer knows no loop, no config tree and no AZR;
 - ``RayEngine.train_step`` hands the loop's trajectories to upstream's own ``train_step`` (experience making
   with advantages grouped per (member, role, task type), ``append`` to the actor shards, ``ppo_train``), then

@@ -1,5 +1,4 @@
-"""The one place a run is put together from its ``Config``: the engine, for the local engine here (the Ray engine
-is composed by ``cli/ray_launch.py`` through OpenRLHF's own ``train_ppo_ray``).
+"""The local engine's composition: the engine of a run from its ``Config`` (the Ray engine's is ``build/ray.py``).
 
 Engines take their own config (``engines/local/config.py``) and never read ``Config``: ``local_engine_config`` maps
 the one set of values onto the engine's fields, so the two trees cannot disagree on a default.
