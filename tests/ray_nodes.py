@@ -5,6 +5,7 @@ stops every Ray on the machine)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -153,15 +154,24 @@ def local_cluster(nodes: int, gpus: int, cpus: int, env: dict[str, str] | None =
             node_manager_ports.append(ports[6 * index])
         wait_for_nodes(gcs_address, nodes, envs[0])
 
-        def lose_node(index: int) -> None:
+        def lose_node(index: int) -> dict[str, str]:
+            """Kill node ``index``; returns its ``NodeID`` and ``NodeManagerAddress`` as Ray reported them."""
             if index == 0:
                 raise ValueError("the head holds the cluster's state: losing it is losing the cluster")
+            probe = ("import json, sys, ray; ray.init(address=sys.argv[1], logging_level='ERROR', "
+                     "log_to_driver=False); print(json.dumps([n for n in ray.nodes() if n['Alive'] and "
+                     "n['NodeManagerPort'] == int(sys.argv[2])][0]))")
+            done = subprocess.run([sys.executable, "-c", probe, gcs_address,
+                                   str(cluster["node_manager_ports"][index])], env=envs[0], capture_output=True,
+                                  text=True, timeout=120, check=True)
+            node = json.loads(done.stdout.strip().splitlines()[-1])
             for process in [*own_processes(temp)]:
                 if _environ(process).get(NODE_ENV) == str(index):
                     try:
                         process.kill()  # SIGKILL, the raylet and its workers alike: nothing gets to clean up
                     except Exception:  # noqa: BLE001 - gone already
                         pass
+            return {"id": node["NodeID"], "address": node["NodeManagerAddress"]}
 
         def restart_node(index: int) -> None:
             own_ports = free_ports(6)

@@ -353,7 +353,7 @@ def test_a_lost_node_ends_the_job_naming_it_and_the_resume_equals_an_uninterrupt
         while not (run / "checkpoints" / "step_000001").is_dir():  # step 1 whole: step 2 under way
             assert job.poll() is None and time.monotonic() < deadline, "step 1 never finished"
             time.sleep(0.5)
-        ray_cluster["lose_node"](1)
+        lost_node = ray_cluster["lose_node"](1)
         lost = time.monotonic()
         out, err = job.communicate(timeout=LOST_NODE_EXIT_S)
         print(f"[rehearsal] lost node: the submission ended {time.monotonic() - lost:.0f} s after the kill",
@@ -366,7 +366,8 @@ def test_a_lost_node_ends_the_job_naming_it_and_the_resume_equals_an_uninterrupt
     # the runner's one line: the step, what was lost (the node by its address), where the run stays, the resume
     message = [line for line in out.splitlines() if "step 2 failed" in line]
     assert message, out[-5000:]
-    assert "lost Ray node 127.0.0.1" in message[0] and "the run stays at step 1" in message[0], message[0]
+    assert f"lost Ray node {lost_node['address']} (node {lost_node['id'][:8]}" in message[0], (message[0], lost_node)
+    assert "the run stays at step 1" in message[0], message[0]
     assert "--ckpt.load_enable" in message[0], message[0]
     assert [r["step"] for r in _jsonl(run / "metrics.jsonl")] == [1]
     ray_cluster["restart_node"](1)
