@@ -155,7 +155,7 @@ class SandboxConfig:
 class PopuLoRAConfig:
     engine: str = field(default="local", metadata=_choices(
         "local", "ray", help="local: transformers+peft in one process; ray: OpenRLHF 0.11.2's Ray trainer with "
-        "vLLM and DeepSpeed, taking every train_ppo_ray flag (cli/ray_launch.py)"))
+        "vLLM and DeepSpeed, taking every train_ppo_ray flag (build/ray.py)"))
     mode: str = field(
         default="population",
         metadata=_choices("population", "baseline", help="population: N_T teachers + N_S students; "

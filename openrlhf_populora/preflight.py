@@ -129,7 +129,7 @@ class Plan:
 
     @classmethod
     def from_args(cls, args: Any) -> Plan:
-        """From the Ray launcher's hierarchized namespace (``cli.ray_launch.parse_launch_args``)."""
+        """From the Ray launcher's hierarchized namespace (``build.ray.parse_launch_args``)."""
         from openrlhf_populora.engines.ray.cluster import logical_gpus_needed
 
         targets = args.ds.lora.target_modules
