@@ -89,6 +89,23 @@ def test_other_errors_pass_through_unchanged(monkeypatch):
     assert calls[0] == 1  # the cluster asked once, for the Ray error only
 
 
+class Nested(Engine):
+    @ray_trainer._names_lost_nodes
+    def upload(self, error):
+        return self.train_step(error)
+
+
+def test_nested_engine_calls_ask_the_cluster_once(monkeypatch):
+    # train_step calls upload calls check_sync, each decorated. Catches: every level polling again for a dead
+    # node (three times NODE_DEATH_WAIT_S before a plain Ray error surfaces).
+    calls = cluster([[node(HEAD, "10.0.0.1", True), node(WORKER, "10.0.0.2", True)]], monkeypatch)
+    monkeypatch.setattr(ray_trainer, "NODE_DEATH_WAIT_S", 0.0)
+    original = ray.exceptions.RayError("a task failed")
+    with pytest.raises(ray.exceptions.RayError) as same:
+        Nested().upload(original)
+    assert same.value is original and calls[0] == 1
+
+
 def test_the_trainer_actor_is_placed_on_the_head_node():
     # Catches: the controller scheduled anywhere (on the lost node it cannot report the loss).
     options = ray_trainer.PopuLoRATrainer._default_options

@@ -136,8 +136,13 @@ def _names_lost_nodes(method):
         try:
             return method(self, *args, **kwargs)
         except ray.exceptions.RayError as err:
+            # decorated methods call each other (train_step -> upload -> check_sync): the innermost asks the
+            # cluster once; the callers pass its answer on rather than wait again
+            if getattr(err, "_populora_nodes_checked", False):
+                raise
             dead = dead_nodes(self._nodes, NODE_DEATH_WAIT_S)
             if not dead:
+                err._populora_nodes_checked = True
                 raise
             raise LostNode(f"lost Ray node {', '.join(dead)} in {method.__name__}: the actors it held are gone "
                            f"({type(err).__name__})") from err
