@@ -50,6 +50,8 @@ from typing import Any
 
 import numpy as np
 
+from openrlhf_populora.analysis.compare import json_safe
+
 STUDY_FILE = "study.json"
 PARENTS_FILE = "parents.json"
 CHILD_FILE = "child.json"
@@ -597,7 +599,7 @@ def render_retention(study_dir: str | Path, out_dir: str | Path | None = None, d
     table = retention_table(study)
     result.table = table
     (result.out_dir / "retention.md").write_text(format_markdown(table), encoding="utf-8")
-    (result.out_dir / "retention.json").write_text(json.dumps(_json_safe(table), indent=1, allow_nan=False) + "\n",
+    (result.out_dir / "retention.json").write_text(json.dumps(json_safe(table), indent=1, allow_nan=False) + "\n",
                                                    encoding="utf-8")
     result.files += [result.out_dir / name for name in TABLE_FILES]
     jobs = [("retention_grid.png", lambda: grid_figure(study))]
@@ -613,12 +615,3 @@ def render_retention(study_dir: str | Path, out_dir: str | Path | None = None, d
         result.files.append(result.out_dir / name)
     return result
 
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
