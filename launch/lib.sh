@@ -21,7 +21,7 @@
 #   PREFLIGHT      1 (default): before the run, its preflight (python -m openrlhf_populora.cli.preflight with the
 #                  same flags) runs as a Ray job of its own on the same cluster and prints one table; anything it
 #                  refuses stops the launch (exit 2) before the run is submitted. 0 skips it
-#   DRY_RUN=1      print the run's command instead of submitting anything (tests/test_launch_scripts.py uses this)
+#   DRY_RUN=1      print the run's command instead of submitting anything (tests/project/test_launch_scripts.py uses this)
 
 POPULORA_LAUNCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PRESET=${PRESET:-4t4s}

@@ -14,7 +14,7 @@
 # RAM), FLASH_ATTN_WHEEL (a flash-attn 2.8.3 wheel built for torch 2.13 + CUDA 13 to install instead of
 # building; path or URL), DS_BUILD_CPU_ADAM=1 (also prebuild DeepSpeed's CPU Adam, for --ds.adam_offload).
 # `scripts/gpu_resolve.py` (CI) resolves the same requirements without installing, so a version conflict
-# shows there first. The pins below must equal pyproject.toml's (tests/test_packaging.py checks).
+# shows there first. The pins below must equal pyproject.toml's (tests/project/test_packaging.py checks).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

@@ -28,15 +28,15 @@ FUNCTIONS="${MUTATION_FUNCTIONS:-}"
 
 # group -> "modules to mutate | test files" (test files missing at MUTATION_REV are skipped)
 declare -A SETS=(
-  [rewards]="openrlhf_populora/rewards.py | tests/test_rewards.py"
-  [advantages]="openrlhf_populora/selfplay/advantages.py | tests/test_selfplay_advantages.py"
-  [population]="openrlhf_populora/population/* | tests/test_population_members.py tests/test_population_ratings.py tests/test_population_matchmaking.py tests/test_population_selection.py tests/test_population_rules.py tests/test_evolution_operators.py"
-  [evolution]="openrlhf_populora/evolution/* | tests/test_evolution_operators.py tests/test_evolution_lowrank.py"
-  [loop]="openrlhf_populora/selfplay/loop.py | tests/test_selfplay_rules.py tests/test_selfplay_rewards.py"
-  [grading]="openrlhf_populora/eval/sanitize.py openrlhf_populora/eval/store.py | tests/test_eval_sanitize.py tests/test_eval_store.py"
-  [table]="openrlhf_populora/eval/report.py openrlhf_populora/durable.py | tests/test_eval_report.py tests/test_durable.py"
-  [statistics]="openrlhf_populora/analysis/signature_stats.py | tests/test_metrics_signature.py tests/test_compare_calibration.py tests/test_cli_compare.py"
-  [tasks]="openrlhf_populora/tasks/* | tests/test_tasks_parsing.py tests/test_tasks_checks.py tests/test_tasks_verify.py tests/test_tasks_buffers.py tests/test_tasks_records_prompts.py tests/test_tasks_seed_verify.py tests/test_tasks_values.py tests/test_tasks_programs.py"
+  [rewards]="openrlhf_populora/rewards.py | tests/unit/test_rewards.py"
+  [advantages]="openrlhf_populora/selfplay/advantages.py | tests/unit/selfplay/test_advantages.py"
+  [population]="openrlhf_populora/population/* | tests/unit/population/test_members.py tests/unit/population/test_ratings.py tests/unit/population/test_matchmaking.py tests/unit/population/test_selection.py tests/unit/population/test_operators.py tests/unit/evolution/test_operators.py"
+  [evolution]="openrlhf_populora/evolution/* | tests/unit/evolution/test_operators.py tests/unit/evolution/test_lowrank.py"
+  [loop]="openrlhf_populora/selfplay/loop.py | tests/unit/selfplay/test_rules.py tests/unit/selfplay/test_step_rewards.py"
+  [grading]="openrlhf_populora/eval/sanitize.py openrlhf_populora/eval/store.py | tests/unit/eval/test_sanitize.py tests/unit/eval/test_store.py"
+  [table]="openrlhf_populora/eval/report.py openrlhf_populora/durable.py | tests/unit/eval/test_report.py tests/unit/test_durable.py"
+  [statistics]="openrlhf_populora/analysis/signature_stats.py | tests/unit/analysis/test_signature_stats.py tests/unit/analysis/test_compare_calibration.py tests/integration/test_cli_compare.py"
+  [tasks]="openrlhf_populora/tasks/* | tests/unit/tasks/test_parsing.py tests/unit/tasks/test_checks.py tests/unit/tasks/test_verify.py tests/unit/tasks/test_buffers.py tests/unit/tasks/test_records_prompts.py tests/unit/tasks/test_seed_verify.py tests/unit/tasks/test_values.py tests/unit/tasks/test_programs.py"
 )
 ORDER=(rewards advantages population evolution loop tasks grading table statistics)
 [ "$#" -gt 0 ] && ORDER=("$@")

@@ -1,7 +1,7 @@
 """The statistics behind the signature's verdicts, on plain arrays (``analysis/signature.py`` applies them to runs).
 
 Every test here is built to keep its false "holds" rate at or under 5% on series in which nothing happens,
-including autocorrelated ones (``benchmarks/compare_calibration.py`` measures it; ``tests/test_compare_calibration.py``
+including autocorrelated ones (``benchmarks/compare_calibration.py`` measures it; ``tests/unit/analysis/test_compare_calibration.py``
 holds it in CI):
 
 - **Slopes** (``fit_trend``): ordinary least squares slope per step with Newey-West (HAC) standard errors

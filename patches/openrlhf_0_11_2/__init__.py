@@ -7,7 +7,7 @@ originals, and :func:`revert` puts the originals back. Applying twice is a no-op
 
 :func:`apply` refuses to run against any OpenRLHF version other than :data:`UPSTREAM_VERSION`. The source
 hashes in ``upstream.lock.json`` (see :func:`source_hash` and ``lock.py``) are checked by
-``tests/test_patches_openrlhf.py``; ``python -m openrlhf_populora.patches.openrlhf_0_11_2.lock --check|--write``
+``tests/unit/patches/test_openrlhf.py``; ``python -m openrlhf_populora.patches.openrlhf_0_11_2.lock --check|--write``
 compares or regenerates them.
 """
 

@@ -12,7 +12,7 @@
 - ``flags``: upstream's ``train_ppo_ray`` flags, ``flag -> {dest, default}`` (JSON-safe, :func:`flag_snapshot`).
 
 ``--check`` (the default) exits 1 and names every difference; ``--write`` rewrites the file. Run ``--write``
-only after reading the upstream change and adapting the plugin to it. ``tests/test_patches_openrlhf.py`` runs
+only after reading the upstream change and adapting the plugin to it. ``tests/unit/patches/test_openrlhf.py`` runs
 the same comparison.
 
 Hashing only reads source, but importing the upstream modules needs ``vllm`` and ``flash_attn``. Where they do

@@ -75,7 +75,7 @@ PROBE_TEXTS = ("def f(x):\n    return", "The answer is", "for i in range(")  # t
 PROBE_TOKENS = 8  # tokens per probe prompt, greedy and sampled
 PROBE_SEED = 20261204  # the sampled probe's seed (each prompt's own stream derives from it)
 # The sync probe's tolerance on the mean |log-prob difference| over its tokens, per training dtype. Measured on
-# the tiny model (tests/test_ray_vllm_rollout.py), a fresh upload: fp32 mean 1.4e-6 (max 8e-6); vLLM in bf16 against
+# the tiny model (tests/cluster/test_ray_vllm_rollout.py), a fresh upload: fp32 mean 1.4e-6 (max 8e-6); vLLM in bf16 against
 # the fp32 trainer, mean 0.036 (max 0.18). Published for Qwen2.5-0.5B: about 0.03 nats RMS between DeepSpeed and
 # vLLM in bf16 (ServiceNow/Fast-LLM#525), single tokens up to 0.3 (vllm#18352): hence a mean, not a maximum, with
 # room above it. Staleness and corruption are caught exactly by the content hash, whatever the dtype (in bf16 a
@@ -319,7 +319,7 @@ class RayEngine:
         Each adapter's rows are padded to their longest and scored in chunks of rows, in order, whose logits stay
         within ``--populora.scoring_memory_gb`` (:func:`memory.rows_per_forward` rows of that width; at least
         one): one actor call per chunk. Every chunk keeps the whole call's padded width, so a row's log-probs
-        do not depend on the chunking (bit-identical to one call in fp32 on CPU, tests/test_ray_scoring.py)."""
+        do not depend on the chunking (bit-identical to one call in fp32 on CPU, tests/unit/engines/test_ray_scoring.py)."""
         out: list[list[float]] = [[] for _ in trajectories]
         pad = self.tokenizer.pad_token_id
         for name in dict.fromkeys(t.adapter for t in trajectories):
