@@ -20,6 +20,8 @@ MB = 1000**2
 
 # /dev/shm also holds Ray's object store and NCCL's buffers: adapter files go there only with this much left over
 SHM_RESERVE = 1 << 30
+SHM = "/dev/shm"
+ADAPTER_DIR_ENV = "POPULORA_ADAPTER_DIR"  # names the one directory for adapter payloads (default: /dev/shm, else temp)
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,17 @@ def need_detail(engines_on_node: int, adapters: int, adapter_bytes: int) -> str:
 
 def _size(n: float) -> str:
     return f"{n / GB:.2f} GB" if n >= GB / 10 else f"{n / MB:.2f} MB"
+
+
+def adapter_dir_places(environ: Mapping[str, str], tempdir: str) -> tuple[tuple[tuple[str, int], ...], bool]:
+    """Where a node's vLLM engines write their adapter files, in order of preference, each as (path, bytes to
+    keep free): ``$POPULORA_ADAPTER_DIR`` alone when set, else tmpfs (``/dev/shm``, keeping :data:`SHM_RESERVE`),
+    then ``tempdir`` (node-local disk). Also whether the directory was named. The rollout actors choose from
+    these (``engines/ray/vllm_rollout.adapter_root``) and the preflight measures them (``preflight.adapter_rooms``)."""
+    explicit = environ.get(ADAPTER_DIR_ENV)
+    if explicit:
+        return ((explicit, 0),), True
+    return ((SHM, SHM_RESERVE), (tempdir, 0)), False
 
 
 @dataclass(frozen=True)

@@ -44,9 +44,9 @@ from typing import Any
 from openrlhf_populora.dirlock import LOCK_FILE, DirectoryBusy, lock_directory
 from openrlhf_populora.engines.ray.memory import gpu_memory_plan, lora_parameter_count, scoring_peak
 from openrlhf_populora.launch_checks import (
-    SHM_RESERVE,
     DirRoom,
     adapter_dir_need,
+    adapter_dir_places,
     choose_adapter_dir,
     engines_per_node,
     lora_adapter_bytes,
@@ -66,8 +66,6 @@ RUN_DIR = "run directory can be locked"
 RESOURCES = "Ray resources hold the plan"
 CHECKS = (MODEL, CUDA, FLASH_ATTN, MEMORY, ADAPTER_DIR, TENSOR_PARALLEL, RUN_DIR, RESOURCES)
 
-ADAPTER_DIR_ENV = "POPULORA_ADAPTER_DIR"  # the rollout actors' variable (engines/ray/vllm_rollout.py)
-SHM = "/dev/shm"
 PROBE_CPUS = 0.01  # a node probe's CPU request: it schedules beside anything but a node whose CPUs are all held
 PROBE_TIMEOUT_S = 300.0
 # Ray empties CUDA_VISIBLE_DEVICES for a task that asks for no GPU; with this set to 0 it leaves it alone, so the
@@ -308,10 +306,9 @@ def adapter_rooms(environ: Mapping[str, str] | None = None,
                   disk_usage: Callable[[str], Any] = shutil.disk_usage,
                   writable: Callable[[str], bool] = _writable_dir,
                   tempdir: str | None = None) -> tuple[tuple[DirRoom, ...], bool]:
-    """Where this node's engines would write their adapter files, in the rollout actors' order of preference
-    (``vllm_rollout.adapter_root``), with each place's free bytes: ``$POPULORA_ADAPTER_DIR`` alone when set (made
-    by the engine when missing: measured on its nearest existing parent), else ``/dev/shm`` (keeping
-    :data:`~openrlhf_populora.launch_checks.SHM_RESERVE`), then the temp dir. Returns the places and whether the
+    """Where this node's engines would write their adapter files (``launch_checks.adapter_dir_places``, the
+    rollout actors' order of preference), with each place's free bytes; ``$POPULORA_ADAPTER_DIR``, made by the
+    engine when missing, is measured on its nearest existing parent. Returns the places and whether the
     directory was named explicitly."""
     environ = os.environ if environ is None else environ
 
@@ -323,10 +320,8 @@ def adapter_rooms(environ: Mapping[str, str] | None = None,
             return DirRoom(path, None, reserve)
         return DirRoom(path, int(disk_usage(probe).free), reserve)
 
-    explicit = environ.get(ADAPTER_DIR_ENV)
-    if explicit:
-        return (room(explicit, create=True),), True
-    return (room(SHM, SHM_RESERVE), room(tempdir or tempfile.gettempdir())), False
+    places, explicit = adapter_dir_places(environ, tempdir or tempfile.gettempdir())
+    return tuple(room(path, reserve, create=explicit) for path, reserve in places), explicit
 
 
 def probe_node(model: str) -> dict[str, Any]:

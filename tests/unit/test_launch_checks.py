@@ -10,6 +10,7 @@ from openrlhf_populora.launch_checks import (
     SHM_RESERVE,
     DirRoom,
     adapter_dir_need,
+    adapter_dir_places,
     choose_adapter_dir,
     engines_per_node,
     lora_adapter_bytes,
@@ -83,3 +84,12 @@ def test_no_room_anywhere_is_refused_naming_what_to_set():
     assert "POPULORA_ADAPTER_DIR" in message and "--shm-size" in message
     chosen, check = choose_adapter_dir(need, [DirRoom("/scratch/lora", GB)], explicit=True)
     assert chosen is None and "POPULORA_ADAPTER_DIR" in check.fix and "shm" not in check.fix
+
+
+def test_adapter_files_go_to_the_named_directory_alone_else_tmpfs_then_the_temp_dir():
+    """The one order the rollout actors choose from and the preflight measures. Catches: the temp dir tried
+    before tmpfs, tmpfs's reserve dropped or charged to the temp dir, and a named directory with fallbacks
+    after it (a run the user pointed at a disk writing to tmpfs anyway)."""
+    assert adapter_dir_places({}, "/tmp") == ((("/dev/shm", SHM_RESERVE), ("/tmp", 0)), False)
+    assert adapter_dir_places({"POPULORA_ADAPTER_DIR": "/scratch/a"}, "/tmp") == ((("/scratch/a", 0),), True)
+    assert adapter_dir_places({"POPULORA_ADAPTER_DIR": ""}, "/tmp")[1] is False  # set but empty: the default

@@ -55,17 +55,15 @@ from openrlhf_populora.engines.base import BASE_ADAPTER
 from openrlhf_populora.engines.seeding import derive_seed
 from openrlhf_populora.engines.vllm_targets import unserved_modules, vllm_lora_targets
 from openrlhf_populora.launch_checks import (
-    SHM_RESERVE,
     DirRoom,
     adapter_dir_need,
+    adapter_dir_places,
     choose_adapter_dir,
     need_detail,
 )
 
 CONFIG_ENV = "POPULORA_VLLM_MULTILORA"  # JSON of a MultiLoRAConfig: the fallback route into actor processes
-ADAPTER_DIR_ENV = "POPULORA_ADAPTER_DIR"  # where adapter payloads go (default: /dev/shm, else the temp dir)
 BASE_LORA_ID = 2**31 - 1  # the CPU zero adapter's id, outside the per-version ids 1, 2, 3 ...
-SHM = "/dev/shm"
 
 # the adapter that generate() routes to in the current context (None: the base model)
 ACTIVE_ADAPTER: contextvars.ContextVar[str | None] = contextvars.ContextVar("populora_adapter", default=None)
@@ -175,13 +173,11 @@ def adapter_root(need: int = 0, explain: str = "") -> Path:
     Ray and NCCL), else the temp dir (node-local disk). Raises :class:`AdapterSpaceError` when none has room.
     Named after this process, so that the next actor to start there removes it once the process is gone
     (:func:`remove_stale_adapter_dirs`)."""
-    explicit = os.environ.get(ADAPTER_DIR_ENV)
+    places, explicit = adapter_dir_places(os.environ, tempfile.gettempdir())
     if explicit:
-        Path(explicit).mkdir(parents=True, exist_ok=True)
-        candidates = [_room(explicit)]
-    else:
-        candidates = [_room(SHM, SHM_RESERVE), _room(tempfile.gettempdir())]
-    base, check = choose_adapter_dir(need, candidates, explicit=bool(explicit), explain=explain)
+        Path(places[0][0]).mkdir(parents=True, exist_ok=True)
+    candidates = [_room(path, reserve) for path, reserve in places]
+    base, check = choose_adapter_dir(need, candidates, explicit=explicit, explain=explain)
     if base is None:
         raise AdapterSpaceError(check.message())
     return Path(tempfile.mkdtemp(prefix=f"{ADAPTER_DIR_PREFIX}{os.getpid()}-", dir=base))
