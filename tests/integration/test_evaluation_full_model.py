@@ -13,7 +13,7 @@ import torch
 from paths import EVAL_DATA
 from tiny_runs import write_run
 
-import openrlhf_populora.cli.evaluate as evaluate_cli
+import openrlhf_populora.eval.run as evaluation
 from openrlhf_populora.cli.evaluate import main
 from openrlhf_populora.eval.report import report_from_results, summarize
 
@@ -120,13 +120,13 @@ def reference(tmp_path: Path, model_dir: str, name: str) -> dict[str, tuple[str,
 def backend_loads(monkeypatch) -> list[str]:
     """The model directory of every local engine the command line builds."""
     loads: list[str] = []
-    real = evaluate_cli.build_local_backend
+    real = evaluation.build_local_backend
 
     def counting(model_dir, *args, **kwargs):
         loads.append(str(model_dir))
         return real(model_dir, *args, **kwargs)
 
-    monkeypatch.setattr(evaluate_cli, "build_local_backend", counting)
+    monkeypatch.setattr(evaluation, "build_local_backend", counting)
     return loads
 
 
