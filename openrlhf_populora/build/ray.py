@@ -49,6 +49,7 @@ import yaml
 
 from openrlhf_populora.config import Config, PopuLoRAConfig, add_flag, iter_fields, preset_layers, set_dotted
 from openrlhf_populora.engines.vllm_targets import vllm_lora_targets
+from openrlhf_populora.errors import InputError
 from openrlhf_populora.launch_checks import engines_per_node, tensor_parallel_fits
 from openrlhf_populora.patches import openrlhf_0_11_2 as patches
 from openrlhf_populora.patches.openrlhf_0_11_2.cpu import install_flash_attn_shim
@@ -535,3 +536,30 @@ def run_upstream(args: SimpleNamespace, swaps: list[patches.Patch]) -> None:
             raise RuntimeError(f"{UPSTREAM_MODULE} ran without calling parse_args; nothing was launched")
     finally:
         patches.revert()
+
+
+def run_on_ray(args: SimpleNamespace, planned_cpu: bool, reparse: Callable[[bool], SimpleNamespace],
+               swaps: Callable[[SimpleNamespace, bool], list[patches.Patch]], **connect: Any) -> None:
+    """Join the running cluster, or start a local CPU Ray, or leave Ray to upstream (``engines/ray/cluster.py``;
+    ``connect``: its options), then :func:`run_upstream`. ``args`` was parsed for ``planned_cpu`` workers; when
+    the workers turn out otherwise, ``reparse(cpu)`` parses again with their defaults. ``swaps(args, cpu)``: the
+    patches to apply. A Ray this started is shut down at the end. Raises :class:`InputError` when upstream's
+    argument validation refuses ``args``."""
+    from openrlhf_populora.engines.ray import cluster
+
+    ray_launch = cluster.connect(args, **connect)
+    try:
+        if ray_launch.cpu != planned_cpu:
+            args = reparse(ray_launch.cpu)  # the defaults of what the workers really are
+        print(f"[populora] Ray: {ray_launch.address or 'local'}, GPU workers on "
+              f"{'CPU (logical GPUs)' if ray_launch.cpu else 'CUDA'}", file=sys.stderr)
+        run_upstream(args, swaps(args, ray_launch.cpu))
+    except AssertionError as err:
+        if not upstream_validation_failed(err):
+            raise
+        raise InputError(f"{err} (OpenRLHF's argument validation)") from None
+    finally:
+        if ray_launch.initialized:
+            import ray
+
+            ray.shutdown()

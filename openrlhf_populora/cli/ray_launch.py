@@ -16,9 +16,9 @@ from openrlhf_populora.build.ray import (
     config_from_args,
     launch_swaps,
     parse_launch_args,
-    run_upstream,
-    upstream_validation_failed,
+    run_on_ray,
 )
+from openrlhf_populora.errors import InputError
 from openrlhf_populora.patches import openrlhf_0_11_2 as patches
 
 
@@ -39,27 +39,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RunDirError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
-    # join the running cluster (and ask it whether its GPU workers are CPUs), or start a local CPU Ray, or leave
-    # Ray to upstream's train()
-    ray_launch = cluster.connect(args, requested=args.populora.cluster_device)
-    started_ray = ray_launch.initialized
-    if ray_launch.cpu != cluster.planned_cpu(args.populora.cluster_device):
-        args = parse_launch_args(argv, cpu=ray_launch.cpu)  # the defaults of what the workers really are
-    print(f"[populora] Ray: {ray_launch.address or 'local'}, GPU workers on "
-          f"{'CPU (logical GPUs)' if ray_launch.cpu else 'CUDA'}", file=sys.stderr)
-    swaps = launch_swaps(args)
-    try:
-        run_upstream(args, swaps)
-    except AssertionError as err:
-        if not upstream_validation_failed(err):
-            raise
-        print(f"{PROG}: error: {err} (OpenRLHF's argument validation)", file=sys.stderr)
+    try:  # join the running cluster (and ask it whether its GPU workers are CPUs), or start a local CPU Ray
+        run_on_ray(args, cluster.planned_cpu(args.populora.cluster_device),
+                   lambda cpu: parse_launch_args(argv, cpu=cpu), lambda args, _cpu: launch_swaps(args),
+                   requested=args.populora.cluster_device)
+    except InputError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
-    finally:
-        if started_ray:
-            import ray
-
-            ray.shutdown()
     return 0
 
 

@@ -20,7 +20,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from openrlhf_populora.build.ray import run_on_ray
 from openrlhf_populora.engines.ray import cluster
+from openrlhf_populora.errors import InputError
 from openrlhf_populora.patches import openrlhf_0_11_2 as patches
 from openrlhf_populora.patches.openrlhf_0_11_2 import cpu
 from openrlhf_populora.patches.openrlhf_0_11_2.stock_cpu import (
@@ -52,8 +54,6 @@ def parse_stock_args(argv: Sequence[str], cpu: bool | None = None):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from openrlhf_populora.build.ray import run_upstream, upstream_validation_failed
-
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         patches.check_version()
@@ -62,24 +62,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     cpu.install_flash_attn_shim()  # upstream's modules import flash_attn at the top; a shim where it cannot install
     args = parse_stock_args(argv)  # exits 2 on a bad flag, before Ray starts
-    # join the running cluster and ask it whether its GPU workers are CPUs, or start a local Ray with logical
-    # GPUs on a machine without CUDA, or leave Ray to upstream (engines/ray/cluster.py)
-    ray_launch = cluster.connect(args, worker_setup_hook=WORKER_SETUP_HOOK)
-    started_ray = ray_launch.initialized
-    if ray_launch.cpu != (not _cuda()):
-        args = parse_stock_args(argv, cpu=ray_launch.cpu)
-    try:
-        run_upstream(args, all_cpu_patches() if ray_launch.cpu else [])
-    except AssertionError as err:
-        if not upstream_validation_failed(err):
-            raise
-        print(f"{PROG}: error: {err} (OpenRLHF's argument validation)", file=sys.stderr)
+    try:  # join the running cluster and ask it whether its GPU workers are CPUs, or start a local Ray with
+        # logical GPUs on a machine without CUDA, or leave Ray to upstream (engines/ray/cluster.py)
+        run_on_ray(args, not _cuda(), lambda on_cpu: parse_stock_args(argv, cpu=on_cpu),
+                   lambda _args, on_cpu: all_cpu_patches() if on_cpu else [], worker_setup_hook=WORKER_SETUP_HOOK)
+    except InputError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
-    finally:
-        if started_ray:
-            import ray
-
-            ray.shutdown()
     return 0
 
 
