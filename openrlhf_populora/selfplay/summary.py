@@ -73,8 +73,10 @@ def step_metrics(loop: Any, output: Any) -> dict[str, Any]:
         for axis, value in _complexity(proposals).items():
             out[complexity_key(axis, tt)] = value
 
-    # per member and task type
-    for member in population.alive():
+    # per member and task type: every member that played this step, one that evolution has since replaced included
+    played = {pr.teacher for pr in output.proposals} | {a.student for a in output.attempts}
+    replaced = [population.get(i) for i in sorted(played) if not population.get(i).alive]
+    for member in [*population.alive(), *replaced]:
         for tt in [ALL, *task_types]:
             if member.teaches:
                 mine = [pr for pr in output.proposals if pr.teacher == member.id and (tt == ALL or pr.task_type == tt)]

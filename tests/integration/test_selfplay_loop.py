@@ -95,6 +95,13 @@ def test_population_run_end_to_end(tmp_path, monkeypatch):
     assert children and all(m["birth_step"] == 1 and m["parents"] for m in children)
     retired = [m for m in population if m["retired_step"] == 1]
     assert len(retired) == len(children)
+    # the members replaced at step 1 played step 1: its record keeps what they did (it dropped them, once)
+    for member in retired:
+        role = "teacher" if member["role"] == "teacher" else "student"
+        assert first[f"member/{member['id']}/{role}/all/{'validity' if role == 'teacher' else 'solve_rate'}"] \
+            is not None, member["id"]
+    assert not any(k.startswith(f"member/{m['id']}/{r}/all/{n}") for m in children
+                   for r, n in (("teacher", "validity"), ("student", "solve_rate")) for k in first)
     mus = [v for k, v in records[-1].items() if k.startswith("rating/") and k.endswith("/mu")]
     assert any(abs(mu - 25.0) > 1e-6 for mu in mus)
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
