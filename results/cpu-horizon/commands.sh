@@ -13,6 +13,10 @@
 #   bash results/cpu-horizon/commands.sh          start or resume the runs, two at a time (PARALLEL), one thread each
 #   bash results/cpu-horizon/commands.sh sync     copy every run's small files, finished or not, into results/
 #   bash results/cpu-horizon/commands.sh stop     stop starting runs, and stop the running ones after their step
+#   bash results/cpu-horizon/commands.sh analyse  the verdicts, from the committed files of finished runs: cli.compare
+#       on the windows 1:40, 41:80 and 81: for population vs baseline, population vs control and 1t1s vs baseline
+#       (compare-<pair>-<window>/), and cli.collapse over every run (collapse/); it refuses while a run it needs has
+#       fewer than STEPS steps here (SEEDS="1" narrows it to some seeds, for a look that is not a verdict)
 #
 # Every run checkpoints every step under runs/cpu-horizon/<arm>-s<seed> and resumes where it stopped
 # (--ckpt.load_enable), so running this again continues the experiment; a run whose files here hold STEPS steps
@@ -43,6 +47,34 @@ if [[ "${1:-}" == stop ]]; then  # the queue first (a stopped run exits 130 and 
   pkill -f "xargs -P ${PARALLEL:-2} -L 1 bash -c" || true
   pkill -TERM -f "openrlhf_populora.cli.train .*--ckpt.output_dir $(pwd)/$OUT/" || true
   echo "asked the queue and the runs to stop; each run checkpoints its step in progress, then exits (status 130)"
+  exit 0
+fi
+
+if [[ "${1:-}" == analyse ]]; then
+  read -ra seeds <<< "${SEEDS:-1 2 3}"
+  runs() { for seed in "${seeds[@]}"; do echo "$R/$1-s$seed"; done; }
+  missing=()
+  for arm in "${ARMS[@]}"; do for run in $(runs "$arm"); do
+    [[ -f $run/metrics.jsonl && $(wc -l < "$run/metrics.jsonl") -ge $STEPS ]] || missing+=("$run")
+  done; done
+  ((${#missing[@]} == 0)) || { echo "unfinished (fewer than $STEPS steps): ${missing[*]}" >&2; exit 2; }
+  tag=""; [[ "${SEEDS:-1 2 3}" == "1 2 3" ]] || tag="-seeds${SEEDS// /}"
+  for pair in "signature signature-baseline baseline" "signature signature-baseline-failure-rate control" \
+              "signature-1t1s signature-baseline 1t1s-baseline"; do
+    read -r pop base name <<< "$pair"
+    for window in 1:40 41:80 81:; do
+      out=$R/compare-$name-${window%:*}-${window#*:}$tag
+      mkdir -p "$out"
+      "$ROOT/.venv/bin/python" -m openrlhf_populora.cli.compare --population $(runs "$pop") \
+        --baseline $(runs "$base") --steps "$window" --out "$out" > "$out/compare.txt"
+      echo "wrote $out"
+    done
+  done
+  all=(); for arm in "${ARMS[@]}"; do all+=($(runs "$arm")); done
+  mkdir -p "$R/collapse$tag"
+  "$ROOT/.venv/bin/python" -m openrlhf_populora.cli.collapse "${all[@]}" --out "$R/collapse$tag" \
+    > "$R/collapse$tag/collapse.txt"
+  echo "wrote $R/collapse$tag"
   exit 0
 fi
 
