@@ -1,53 +1,9 @@
 """From graded samples to the paper's table and chart, each number with its interval and problem count.
 
-Scores are greedy pass@1 in percent. Per member: one score per benchmark (100 * passed / graded),
-``code_avg`` = mean over the code benchmarks evaluated, ``math_avg`` = mean over the math benchmarks,
-``overall`` = mean of the two averages (AZR's AVG = (CAvg + MAvg) / 2; the one average alone when only one
-kind was evaluated).
-
-Rows of the table (each present only when its members were evaluated):
-- ``Base model``: the base with no adapter;
-- ``PopuLoRA baseline (B1)``: the single-agent PopuLoRA baseline run (mean over its trained members, usually
-  one; an untrained one, evaluated with ``--include-untrained``, gets a labelled row of its own);
-- ``Stock OpenRLHF (B2): NAME``: one row per full fine-tuned model (``--model NAME=DIR``, e.g. what stock
-  OpenRLHF's ``train_ppo_ray --ckpt.save_hf`` writes), evaluated as its own base with no adapter;
-- ``Population mean, students (k)``, ``..., teachers (k)``, ``..., all members (k)``: per column, the mean over
-  the population's trained members of that role (students: role ``student`` or a baseline's ``both``); the
-  all-members row is left out when it would repeat a role's row;
-- ``Best student NAME (picked on ...)`` / ``Best teacher NAME (...)``: the member of the role with the highest
-  ``overall``, for a role with at least two trained members (``Best member``: among members of no known role,
-  such as bare adapters). Picked on the table's own benchmarks by default,
-  which biases its numbers upward (the maximum of several noisy scores), and the label says so; picked on
-  separate selection benchmarks (``select_on``, ``cli.evaluate --select-on``) when given. Members are ranked
-  on the problems all of them were graded on (the same problems while an evaluation is unfinished, and the
-  label then says "provisional"), by exact score; a tie shows the first listed and names the others;
-- ``Worst member NAME (picked on ...)``: the trained member of any role with the lowest ``overall`` (at least two
-  trained members), picked the same way (on the table's own benchmarks it is biased downward: pessimistic);
-- then every member on its own row; an untrained member (``untrained``: never updated, e.g. born at a run's
-  last step) only there, labelled so, and never in a mean or a best.
-
-**How many problems.** Each number carries ``n``, the problems it rests on: a member's graded problems on a
-benchmark, their sum over the benchmarks of an average; a mean over members uses the problems every one of them
-was graded on (all of them once the evaluation is complete).
-
-**Intervals** (``confidence``, default 95%): one member on one benchmark, Wilson's binomial interval
-(``scipy.stats.binomtest``); an average over benchmarks, and any mean over members, a percentile bootstrap over
-problems (``scipy.stats.bootstrap``, ``n_resamples`` draws with a fixed seed): each benchmark's problems are
-resampled on their own, and one draw of problems serves every member of a row, since members answer the same
-problems and their scores are not independent. An average over a single benchmark takes that benchmark's
-interval. When no resample can move a number (every problem of its benchmarks answered alike by every
-member of the row: all failed, say), the bootstrap interval has no width, which would claim a certainty that
-a handful of problems cannot give; such a number gets Wilson's interval for its value over its ``n`` problems
-instead, what a single member with that score would get. No interval when a benchmark of the number has
-fewer than two problems.
-
-Member groups (``summarize``'s ``groups``, each member's ``group`` and each row's ``group`` in
-``results.json``): ``base``, ``baseline`` (B1), ``stock`` (B2), ``population``. Each row's ``kind`` is
-``mean``, ``best``, ``worst`` or ``member``.
-
-``results.json`` holds all of it; ``results.md`` / ``results.csv`` the table; ``results.png`` a grouped bar
-chart like PopuLoRA's Figure 2 (per benchmark and average: base model, B1, each B2 model and the population's
-means, each bar with its interval).
+``summarize`` turns the store's graded samples into ``results.json``'s content (scores per member, the table's
+rows: base, B1, B2, the population's means, best and worst, every member); ``write_report`` writes it with the
+table (``results.md``, ``results.csv``) and the bar chart (``results.png``). How each number and interval is
+computed, and what each row means: docs/usage.md, "The pass@1 table".
 """
 
 from __future__ import annotations
