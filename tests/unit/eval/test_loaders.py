@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import pickle
 import zlib
 from pathlib import Path
@@ -139,15 +140,17 @@ def test_livecodebench_rejects_undecodable_tests(tmp_path):
 def test_livecodebench_refuses_pickled_objects(tmp_path):
     """The compressed test format is a pickle: anything but plain data is refused, never executed."""
 
+    # eval, not print: an in-process Ray progress bar swaps builtins.print for ray's safe_print in this process
     class Evil:
         def __reduce__(self):
-            return (print, ("pwned",))
+            return (eval, ("__import__('os').environ.__setitem__('POPULORA_PWNED', '1')",))
 
     record = json.loads((EVAL_DATA / "livecodebench.jsonl").read_text().splitlines()[0])
     record["private_test_cases"] = base64.b64encode(zlib.compress(pickle.dumps(Evil()))).decode()
     write(tmp_path / "livecodebench.jsonl", [record])
-    with pytest.raises(BenchmarkFormatError, match="refusing to load builtins.print"):
+    with pytest.raises(BenchmarkFormatError, match="refusing to load builtins.eval"):
         load_benchmark("livecodebench", tmp_path)
+    assert "POPULORA_PWNED" not in os.environ
 
 
 def test_livecodebench_functional_needs_func_name(tmp_path):

@@ -5,9 +5,9 @@ when CUDA is present, and with them OpenRLHF's real ``DeepspeedStrategy`` sets u
 from __future__ import annotations
 
 import os
-import socket
+import subprocess
 import sys
-from types import SimpleNamespace
+import textwrap
 
 import pytest
 import torch
@@ -102,39 +102,35 @@ def test_flash_attn_shim_gives_the_imported_names_and_raises_when_called(monkeyp
     assert cpu.install_flash_attn_shim() is True  # idempotent
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+STRATEGY_SCRIPT = textwrap.dedent('''
+    import os, socket, sys
+    from types import SimpleNamespace as ns
 
-
-def strategy_args(zero_stage: int) -> SimpleNamespace:
-    """The fields DeepspeedStrategy reads (upstream's flag defaults)."""
-    ns = SimpleNamespace
-    return ns(
-        local_rank=-1,
-        ds=ns(param_dtype="bf16", zero_stage=zero_stage, adam_offload=False, zpg=1, use_universal_ckpt=False,
-              grad_accum_dtype=None, overlap_comm=False, deepcompile=False, tensor_parallel_size=1,
-              ring_attn_size=1),
-        train=ns(dynamic_batch_enable=False),
-    )
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("zero_stage", [2, 3])
-def test_real_deepspeed_strategy_sets_up_on_gloo_and_prepares_an_actor(patched, tiny_model_dir, zero_stage,
-                                                                       monkeypatch):
+    import torch
     import torch.distributed as dist
+
+    from openrlhf_populora.patches import openrlhf_0_11_2 as pinned
+    from openrlhf_populora.patches.openrlhf_0_11_2 import cpu
+
+    model_dir, zero_stage, apply = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "patched"
+    cpu.install_flash_attn_shim()  # both ways: upstream imports flash_attn at module level
+    if apply:
+        pinned.apply(cpu.cpu_patches())
+    import deepspeed
     from openrlhf.models import Actor
     from openrlhf.utils.deepspeed import DeepspeedStrategy
-
-    # one single-process gloo group per test session (kept: torch.distributed initialises once)
-    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "RANK": "0",
-                       "WORLD_SIZE": "1"}.items():
-        os.environ.setdefault(key, value)
-    monkeypatch.setenv("LOCAL_RANK", "0")  # what Ray's BaseDistributedActor sets: upstream then calls set_device
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    # what Ray's BaseDistributedActor sets for a world of one (upstream then calls set_device on LOCAL_RANK)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    args = ns(local_rank=-1,  # the fields DeepspeedStrategy reads (upstream's flag defaults)
+              ds=ns(param_dtype="bf16", zero_stage=zero_stage, adam_offload=False, zpg=1, use_universal_ckpt=False,
+                    grad_accum_dtype=None, overlap_comm=False, deepcompile=False, tensor_parallel_size=1,
+                    ring_attn_size=1),
+              train=ns(dynamic_batch_enable=False))
     strategy = DeepspeedStrategy(seed=1, max_norm=1.0, micro_train_batch_size=1, train_batch_size=2,
-                                 zero_stage=zero_stage, args=strategy_args(zero_stage))
+                                 zero_stage=zero_stage, args=args)
     strategy.setup_distributed()
     assert dist.get_backend() == "gloo" and strategy.world_size == 1
     assert strategy.ds_device_mesh.device_type == "cpu" and strategy.accumulated_gradient == 2
@@ -142,19 +138,43 @@ def test_real_deepspeed_strategy_sets_up_on_gloo_and_prepares_an_actor(patched, 
     assert strategy.all_reduce(torch.tensor([2.0]), op="sum").tolist() == [2.0]
     assert strategy.all_gather(torch.tensor([1.0])).tolist() == [1.0]
 
-    actor = Actor(tiny_model_dir, attn_implementation="eager", param_dtype="bf16", lora_rank=4, lora_alpha=8,
+    actor = Actor(model_dir, attn_implementation="eager", param_dtype="bf16", lora_rank=4, lora_alpha=8,
                   target_modules="all-linear", ds_config=strategy.get_ds_train_config())
     cfg = dict(optim="adam", adam=dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0),
                lr_scheduler="constant", max_norm=1.0, scheduler_steps=4)
     actor, optim, scheduler = strategy.prepare((actor, cfg))
-    import deepspeed
-
     assert isinstance(actor.model, deepspeed.DeepSpeedEngine) and actor.model.zero_optimization_stage() == zero_stage
     seq = torch.randint(0, 250, (2, 10))
     log_probs = actor(seq, torch.ones(2, 4, dtype=torch.bool), attention_mask=torch.ones_like(seq))
-    print("optimizer:", type(optim).__name__, type(getattr(optim, "optimizer", None)).__name__)
     assert log_probs.shape == (2, 4) and torch.isfinite(log_probs).all()
-    os.environ.pop("LOCAL_RANK", None)
+    print("prepared:", type(optim).__name__, type(getattr(optim, "optimizer", None)).__name__)
+''')
+
+
+def run_strategy(model_dir: str, zero_stage: int, patches: str) -> subprocess.CompletedProcess:
+    """The strategy in a fresh interpreter: torch.distributed and DeepSpeed's group caches are process-global, and
+    another test module's process group (initialised, or destroyed under DeepSpeed's cached clone of it) must not
+    decide whether this one passes."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-c", STRATEGY_SCRIPT, model_dir, str(zero_stage), patches], env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_real_deepspeed_strategy_sets_up_on_gloo_and_prepares_an_actor(tiny_model_dir, zero_stage):
+    # catches: a CPU patch that stops applying (a device mesh on "cuda", set_device on a CUDA-less torch, NCCL)
+    done = run_strategy(tiny_model_dir, zero_stage, "patched")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "prepared:" in done.stdout
+
+
+@pytest.mark.slow
+def test_without_the_patches_upstreams_strategy_cannot_set_up_here(tiny_model_dir):
+    # the control for the test above: it fails for want of the patches, not of something it never exercises
+    done = run_strategy(tiny_model_dir, 2, "unpatched")
+    assert done.returncode != 0 and "prepared:" not in done.stdout
+    assert "in setup_distributed" in done.stderr and "torch.cuda.set_device" in done.stderr, done.stderr[-3000:]
 
 
 def test_fp32_is_a_param_dtype_on_cpu_and_upstream_values_are_unchanged(patched):
