@@ -12,6 +12,8 @@
 #
 #   bash results/cpu-horizon/commands.sh          start or resume the runs, two at a time (PARALLEL), one thread each
 #   bash results/cpu-horizon/commands.sh sync     copy every run's small files, finished or not, into results/
+#   bash results/cpu-horizon/commands.sh same     steps 1-40 of each run against the 40-step experiment's
+#       (results/cpu-signature-v2): which steps differ, and in which keys (timings left out)
 #   bash results/cpu-horizon/commands.sh stop     stop starting runs, and stop the running ones after their step
 #   bash results/cpu-horizon/commands.sh analyse  the verdicts, from the committed files of finished runs: cli.compare
 #       on the windows 1:40, 41:80 and 81: for population vs baseline, population vs control and 1t1s vs baseline
@@ -75,6 +77,28 @@ if [[ "${1:-}" == analyse ]]; then
   "$ROOT/.venv/bin/python" -m openrlhf_populora.cli.collapse "${all[@]}" --out "$R/collapse$tag" \
     > "$R/collapse$tag/collapse.txt"
   echo "wrote $R/collapse$tag"
+  exit 0
+fi
+
+if [[ "${1:-}" == same ]]; then  # steps 1-40 against the 40-step experiment's run of the same arm and seed
+  "$ROOT/.venv/bin/python" - "$R" results/cpu-signature-v2 <<'PY'
+import json, pathlib, sys
+new_root, old_root = map(pathlib.Path, sys.argv[1:])
+for run in sorted(p.parent for p in new_root.glob("*-s*/metrics.jsonl")):
+    old_file = old_root / run.name / "metrics.jsonl"
+    if not old_file.exists():
+        continue
+    rows = lambda f: [json.loads(line) for line in f.read_text().splitlines()][:40]
+    new, old = rows(run / "metrics.jsonl"), rows(old_file)
+    diffs = {}  # step -> keys that differ, timings (time, time/*) left out
+    for a, b in zip(new, old):
+        keys = {k for k in a.keys() | b.keys() if k != "time" and not k.startswith("time/")}
+        if bad := sorted(k for k in keys if a.get(k) != b.get(k)):
+            diffs[a["step"]] = bad
+    print(f"{run.name}: steps 1-{min(len(new), len(old))} compared, {len(diffs)} differ"
+          + "".join(f"\n  step {s}: {len(k)} keys ({', '.join(k[:4])}{', ...' if len(k) > 4 else ''})"
+                    for s, k in diffs.items()))
+PY
   exit 0
 fi
 
