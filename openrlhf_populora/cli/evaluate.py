@@ -37,6 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "they get their own labelled rows and stay out of the means and bests")
     src.add_argument("--baseline", help="run directory of the PopuLoRA single-agent baseline, row 'PopuLoRA baseline (B1)' "
                           "(all its members)")
+    src.add_argument("--arm", action="append", default=[], metavar="NAME=RUN_DIR",
+                     help="another arm's run (e.g. a control, or a 1T+1S population): its solvers (students, or "
+                          "its single agent) are evaluated as rows 'NAME-<id>', beside the population and never "
+                          "averaged into it (repeatable; needs --run or --baseline, on the same base model)")
     src.add_argument("--base", action="store_true", help="also evaluate the base model without adapter")
     src.add_argument("--base-model", help="base model (default: the run's actor.model_name_or_path)")
     src.add_argument("--adapter", action="append", default=[], metavar="NAME=DIR",

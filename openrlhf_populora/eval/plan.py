@@ -1,5 +1,5 @@
 """The plan of an evaluation from its command line (``cli/evaluate.py``): which members to evaluate, grouped
-(base, PopuLoRA baseline, stock full models, population), on which base model, into which directory; the prompt
+(base, PopuLoRA baseline, stock full models, other arms, population), on which base model, into which directory; the prompt
 templates; the published scores to check against; the benchmarks' problems to grade; and which engine generates
 for which members. Bad input raises ``ValueError`` with a message naming the flag.
 """
@@ -14,6 +14,7 @@ from openrlhf_populora.eval.benchmarks import BENCHMARKS, benchmark_key, sample_
 from openrlhf_populora.eval.evaluator import EvalSettings
 from openrlhf_populora.eval.members import (
     BASE_MEMBER,
+    SOLVER_ROLES,
     STOCK_ROLE,
     EvalMember,
     check_model_dir,
@@ -33,6 +34,7 @@ from openrlhf_populora.eval.published import (
 
 BASELINE_PREFIX = "baseline-"  # baseline members are named baseline-<id> in results
 MODEL_USAGE = "--model NAME=DIR"
+ARM_USAGE = "--arm NAME=RUN_DIR"
 
 
 def _adapter_members(specs: list[str]) -> list[EvalMember]:
@@ -74,6 +76,23 @@ def _model_members(specs: list[str], taken: set[str]) -> list[EvalMember]:
     return members
 
 
+def _arm_specs(specs: list[str]) -> list[tuple[str, Path]]:
+    """``--arm NAME=RUN_DIR`` -> (NAME, RUN_DIR), each NAME usable as a prefix of member names."""
+    arms: list[tuple[str, Path]] = []
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise ValueError(f"--arm {spec!r}: expected {ARM_USAGE} (a name for the table, then a run directory)")
+        if name != name.strip() or "/" in name:
+            raise ValueError(f"--arm {spec!r}: NAME may not contain '/' or begin or end with spaces")
+        if name in (BASE_MEMBER, BASELINE_PREFIX.rstrip("-")):
+            raise ValueError(f"--arm {spec!r}: the name {name!r} is reserved; pick another NAME")
+        if name in (n for n, _ in arms):
+            raise ValueError(f"--arm {spec!r}: the name {name!r} is given twice")
+        arms.append((name, Path(path)))
+    return arms
+
+
 def _resolve(base_model: str) -> str:
     from openrlhf_populora.models.embedded import resolve_model
 
@@ -82,7 +101,7 @@ def _resolve(base_model: str) -> str:
 
 class Plan(NamedTuple):
     base_model: str | None  # resolved: a local HF directory (None: only full models, --model, are evaluated)
-    groups: dict[str, list[EvalMember]]  # base / baseline / stock / population
+    groups: dict[str, list[EvalMember]]  # base / baseline / stock / arm / population
     out: Path
     sources: dict[str, bool | None]  # each source of adapters -> populora.chat_template of its training
     model_name: str | None  # the base model as named (--base-model or the run's), before resolving
@@ -129,6 +148,18 @@ def plan(args: argparse.Namespace) -> Plan:
                                                          untrained=m.untrained) for m in baseline.members],
                                              args, untrained)
         sources[f"--baseline {args.baseline}"] = baseline.chat_template
+    for name, run_dir in _arm_specs(args.arm):  # another arm's solvers (students, or its single agent): a row each
+        arm = load_run_members(run_dir, args.base_model)
+        if resolved is None:
+            raise ValueError(f"--arm {name}={run_dir} needs --run or --baseline (the model its rows stand beside)")
+        if not same_model(_resolve(arm.base_model), resolved):
+            raise ValueError(f"--arm {name}={run_dir} was trained on {arm.base_model!r} but --run on "
+                             f"{base_model!r}: compare runs of the same base model.")
+        solvers = [m for m in arm.members if m.role in SOLVER_ROLES] or arm.members  # no roles known: every one
+        groups.setdefault("arm", []).extend(_drop_untrained(
+            [EvalMember(f"{name}-{m.name}", m.adapter_dir, m.role, m.rating, untrained=m.untrained)
+             for m in solvers], args, untrained))
+        sources[f"--arm {name}"] = arm.chat_template
     stock = _model_members(args.model, taken)
     if stock:
         groups["stock"] = stock

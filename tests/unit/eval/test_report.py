@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from openrlhf_populora.eval.report import (
+    chart_rows,
     csv_table,
     markdown_table,
     report_from_results,
@@ -345,3 +346,28 @@ def test_each_model_is_paired_against_the_base_on_the_same_problems():
     assert member["vs_base"] == {"gained": 4, "lost": 2, "problems": 10, "p": pytest.approx(0.6875)}
     assert "vs_base" not in next(r for r in summary["rows"] if r["label"] == "Base model")
     assert "+4 / -2 (p=0.69)" in markdown_table(summary)
+
+
+def test_another_arms_solver_is_a_row_of_its_own_beside_the_base_never_in_the_population():
+    # The control's agent solves 9 of 10, above both population students (5 and 6 of 10); the base 4 of 10.
+    # Catches: an --arm member averaged into the population's means or picked as its best (it would be the
+    # best student, and the students' mean 66.7), its row missing, or missing its paired count against the base.
+    records = _records({"base": {"humaneval": (4, 10)}, "control-b0": {"humaneval": (9, 10)},
+                        "s0": {"humaneval": (5, 10)}, "s1": {"humaneval": (6, 10)}})
+    summary = summarize(records, {"base": ["base"], "arm": ["control-b0"], "population": ["s0", "s1"]},
+                        ["humaneval"], totals={"humaneval": 10},
+                        roles={"control-b0": "both", "s0": "student", "s1": "student"})
+    rows = {r["label"]: r for r in summary["rows"]}
+    arm = rows["control-b0 (both)"]
+    assert (arm["group"], arm["kind"], arm["members"], arm["scores"]["humaneval"]) == ("arm", "member",
+                                                                                       ["control-b0"], 90.0)
+    assert arm["vs_base"]["gained"] == 5 and arm["vs_base"]["lost"] == 0  # problems 4-8: the arm's, not the base's
+    assert rows["Population mean, students (2)"]["members"] == ["s0", "s1"]
+    assert rows["Population mean, students (2)"]["scores"]["humaneval"] == pytest.approx(55.0)
+    best = next(r for r in summary["rows"] if r["kind"] == "best")
+    assert best["members"] == ["s1"]
+    labels = [r["label"] for r in summary["rows"]]
+    assert labels.index("control-b0 (both)") < labels.index("Population mean, students (2)")  # after B1/B2
+    assert "control-b0 (both)" in markdown_table(summary)
+    assert [row["label"] for row, _ in chart_rows(summary)] == [  # drawn too, beside the means; members are not
+        "Base model", "control-b0 (both)", "Population mean, students (2)"]
