@@ -12,6 +12,10 @@
 #
 #   bash results/cpu-horizon/commands.sh          start or resume the runs, two at a time (PARALLEL), one thread each
 #   bash results/cpu-horizon/commands.sh sync     copy every run's small files, finished or not, into results/
+#   bash results/cpu-horizon/commands.sh table    the pass@1 table of each finished seed (SEEDS="1" for one), at the
+#       last step, into table-s<seed>/: the base model, B1, the population (means, best student and teacher,
+#       worst member, every member), the control's agent and 1T+1S's student (cli.evaluate --arm); greedy
+#       pass@1 on all 164 HumanEval problems and the fixed 200 of MBPP, as results/cpu-signature-v2/table
 #   bash results/cpu-horizon/commands.sh same     steps 1-40 of each run against the 40-step experiment's
 #       (results/cpu-signature-v2): which steps differ, and in which keys (timings left out)
 #   bash results/cpu-horizon/commands.sh stop     stop starting runs, and stop the running ones after their step
@@ -99,6 +103,30 @@ for run in sorted(p.parent for p in new_root.glob("*-s*/metrics.jsonl")):
           + "".join(f"\n  step {s}: {len(k)} keys ({', '.join(k[:4])}{', ...' if len(k) > 4 else ''})"
                     for s, k in diffs.items()))
 PY
+  exit 0
+fi
+
+if [[ "${1:-}" == table ]]; then  # the pass@1 table of each seed whose four runs have finished (SEEDS)
+  read -ra seeds <<< "${SEEDS:-1 2 3}"
+  for seed in "${seeds[@]}"; do
+    for arm in "${ARMS[@]}"; do  # the adapters live only under runs/ (never committed): this machine's runs
+      [[ -d $OUT/$arm-s$seed/adapters && -f $R/$arm-s$seed/metrics.jsonl \
+         && $(wc -l < "$R/$arm-s$seed/metrics.jsonl") -ge $STEPS ]] \
+        || { echo "seed $seed: $arm has not finished $STEPS steps here (its adapters: $OUT/$arm-s$seed)" >&2; exit 2; }
+    done
+    store=$OUT/eval-s$seed
+    if [[ ! -f $store/samples.jsonl ]]; then  # the base model's graded samples, already made: only adapters generate
+      mkdir -p "$store"
+      cp results/cpu-signature-v2/eval-base/{samples.jsonl,settings.json} "$store/"
+    fi
+    OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "$ROOT/.venv/bin/python" -m openrlhf_populora.cli.evaluate \
+      --run "$OUT/signature-s$seed" --baseline "$OUT/signature-baseline-s$seed" --base \
+      --arm "control=$OUT/signature-baseline-failure-rate-s$seed" --arm "1t1s=$OUT/signature-1t1s-s$seed" \
+      --benchmarks humaneval,mbpp --sample mbpp=200 --dtype bf16 --out "$store"
+    mkdir -p "$R/table-s$seed"  # the table and every graded completion behind it (a few MB a seed)
+    cp "$store"/{results.md,results.csv,results.json,results.png,settings.json,samples.jsonl} "$R/table-s$seed/"
+    echo "wrote $R/table-s$seed"
+  done
   exit 0
 fi
 
