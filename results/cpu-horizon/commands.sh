@@ -15,7 +15,8 @@
 #   bash results/cpu-horizon/commands.sh table    the pass@1 table of each finished seed (SEEDS="1" for one), at the
 #       last step, into table-s<seed>/: the base model, B1, the population (means, best student and teacher,
 #       worst member, every member), the control's agent and 1T+1S's student (cli.evaluate --arm); greedy
-#       pass@1 on all 164 HumanEval problems and the fixed 200 of MBPP, as results/cpu-signature-v2/table
+#       pass@1 on all 164 HumanEval problems and the fixed 200 of MBPP, as results/cpu-signature-v2/table; then,
+#       from two seeds on, the table across seeds (cli.seeds_table) into table/
 #   bash results/cpu-horizon/commands.sh same     steps 1-40 of each run against the 40-step experiment's
 #       (results/cpu-signature-v2): which steps differ, and in which keys (timings left out)
 #   bash results/cpu-horizon/commands.sh stop     stop starting runs, and stop the running ones after their step
@@ -127,6 +128,11 @@ if [[ "${1:-}" == table ]]; then  # the pass@1 table of each seed whose four run
     cp "$store"/{results.md,results.csv,results.json,results.png,settings.json,samples.jsonl} "$R/table-s$seed/"
     echo "wrote $R/table-s$seed"
   done
+  done_seeds=(); for seed in 1 2 3; do [[ -f $R/table-s$seed/results.json ]] && done_seeds+=("$R/table-s$seed"); done
+  if ((${#done_seeds[@]} >= 2)); then  # the table across the seeds evaluated so far
+    "$ROOT/.venv/bin/python" -m openrlhf_populora.cli.seeds_table "${done_seeds[@]}" --out "$R/table" > /dev/null
+    echo "wrote $R/table (${#done_seeds[@]} seeds)"
+  fi
   exit 0
 fi
 
