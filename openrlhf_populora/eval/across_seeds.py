@@ -67,10 +67,15 @@ def load_seed(directory: str | Path) -> SeedTable:
             raise ValueError(f"{path} not found: pass the output directories of cli.evaluate (one per seed)")
     results = json.loads(results_path.read_text())
     rows: dict[str, list[str]] = {}
+    labels: dict[str, str] = {}
     for row in results["rows"]:
         key = row_key(row)
-        if key is not None:
-            rows.setdefault(key, list(row["members"]))
+        if key is None:
+            continue
+        if key in rows:  # e.g. an --arm with two solvers: which of them is "the arm" in another seed is unknown
+            raise ValueError(f"{results_path}: rows {labels[key]!r} and {row['label']!r} both stand for {key!r}; "
+                             "the table across seeds matches one row per arm (evaluate one solver per --arm)")
+        rows[key], labels[key] = list(row["members"]), str(row["label"])
     wanted = {m for members in rows.values() for m in members}
     outcomes: dict[str, dict[str, dict[str, bool]]] = {}
     for number, line in enumerate(samples_path.read_text().splitlines(), 1):

@@ -100,6 +100,18 @@ def test_a_row_missing_from_a_seed_is_left_out_and_named(tmp_path):
     assert "Rows not in every seed, left out: control." in markdown(table)
 
 
+def test_an_arm_with_two_solvers_is_refused_not_halved(tmp_path):
+    # catches: keeping the first of two rows that read as the same arm (the other solver silently dropped)
+    seed = write_seed(tmp_path / "s0", SEEDS[0])
+    results = json.loads((seed / "results.json").read_text())
+    twin = {**next(r for r in results["rows"] if r["group"] == "arm"), "label": "control-b1 (both)",
+            "members": ["control-b1"]}
+    results["rows"].append(twin)
+    (seed / "results.json").write_text(json.dumps(results))
+    with pytest.raises(ValueError, match="'control-b0 \\(both\\)' and 'control-b1 \\(both\\)' both stand for 'control'"):
+        load_seed(seed)
+
+
 def test_row_keys():
     assert row_key({"label": "Best student s4 (picked on these benchmarks: optimistic)", "group": "population",
                     "kind": "best", "members": ["s4"]}) == "Best student"
