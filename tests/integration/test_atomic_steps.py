@@ -78,6 +78,15 @@ def _assert_same_run(straight: dict, resumed: dict) -> None:
             assert torch.equal(tensor, resumed["adapters"][member][name]), (member, name)
 
 
+@pytest.fixture(autouse=True)
+def sigint_as_in_a_terminal():
+    """Ctrl-C as a terminal delivers it: a test process started in the background by a non-interactive shell
+    inherits SIGINT ignored, which the runner rightly leaves ignored (so these tests would see no signal)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory) -> dict:
     run_dir = tmp_path_factory.mktemp("straight") / "run"
