@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from openrlhf_populora.eval.benchmarks import read_jsonl
 from openrlhf_populora.eval.report import (
     AVERAGE_TITLES,
     AVERAGES,
@@ -78,13 +79,7 @@ def load_seed(directory: str | Path) -> SeedTable:
         rows[key], labels[key] = list(row["members"]), str(row["label"])
     wanted = {m for members in rows.values() for m in members}
     outcomes: dict[str, dict[str, dict[str, bool]]] = {}
-    for number, line in enumerate(samples_path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{samples_path}:{number}: not JSON ({exc.msg})") from None
+    for _, record in read_jsonl(samples_path):
         if record["member"] in wanted and record["benchmark"] in results["benchmarks"]:
             outcomes.setdefault(record["member"], {}).setdefault(record["benchmark"], {})[
                 str(record["problem_id"])] = bool(record["passed"])
