@@ -25,6 +25,7 @@ from openrlhf_populora.eval.report import (
     BASELINE_LABEL,
     CONFIDENCE,
     N_RESAMPLES,
+    averages,
 )
 
 BOOTSTRAP_SEED = 0
@@ -109,18 +110,6 @@ def _passes(seed: SeedTable, members: Sequence[str], bench: str, problems: Seque
     return np.mean([[seed.outcomes[m][bench][p] for p in problems] for m in members], axis=0)
 
 
-def _averages(per_bench: Mapping[str, Any], kinds: Mapping[str, str]) -> dict[str, Any]:
-    """Code Avg, Math Avg and Overall of per-benchmark numbers (floats or arrays of resamples), as the per-seed
-    table makes them: unweighted means over benchmarks."""
-    code = [v for b, v in per_bench.items() if kinds[b] == "code"]
-    math = [v for b, v in per_bench.items() if kinds[b] == "math"]
-    out: dict[str, Any] = {"code_avg": np.mean(code, axis=0) if code else None,
-                           "math_avg": np.mean(math, axis=0) if math else None}
-    present = [out[k] for k in ("code_avg", "math_avg") if out[k] is not None]
-    out["overall"] = np.mean(present, axis=0)
-    return out
-
-
 def combine(seeds: Sequence[SeedTable], confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES,
             random_seed: int = BOOTSTRAP_SEED) -> dict[str, Any]:
     """The across-seeds table (``results.json``'s content): rows matched by ``row_key``, each with its mean over
@@ -149,8 +138,8 @@ def combine(seeds: Sequence[SeedTable], confidence: float = CONFIDENCE, n_resamp
         """Point values and intervals (x100) of per-problem numbers (mean over seeds already taken)."""
         points = {b: 100 * float(v.mean()) for b, v in per_problem.items()}
         boots = {b: 100 * v[draws[b]].mean(axis=1) for b, v in per_problem.items()}
-        values = {**points, **{k: float(v) for k, v in _averages(points, first.kinds).items() if v is not None}}
-        spreads = {**boots, **{k: v for k, v in _averages(boots, first.kinds).items() if v is not None}}
+        values = {**points, **{k: float(v) for k, v in averages(points).items() if v is not None}}
+        spreads = {**boots, **{k: v for k, v in averages(boots).items() if v is not None}}
         intervals = {k: [float(np.percentile(v, tail)), float(np.percentile(v, 100 - tail))]
                      for k, v in spreads.items()}
         return values, intervals
@@ -169,8 +158,8 @@ def combine(seeds: Sequence[SeedTable], confidence: float = CONFIDENCE, n_resamp
     rows = []
     for key in keys:
         values, intervals = summary({b: r.mean(axis=1) for b, r in rates[key].items()})
-        per_seed = [float(_averages({b: 100 * rates[key][b][:, i].mean() for b in problems},
-                                    first.kinds)[HEADLINE]) for i in range(len(seeds))]
+        per_seed = [float(averages({b: 100 * rates[key][b][:, i].mean() for b in problems})[HEADLINE])
+                    for i in range(len(seeds))]
         row: dict[str, Any] = {"label": key, "members": [s.rows[key] for s in seeds], "values": values,
                                "intervals": intervals, "per_seed": per_seed}
         for name, against in (("vs_base", BASE_LABEL), ("vs_b1", BASELINE_LABEL)):

@@ -49,25 +49,31 @@ def _adapter_members(specs: list[str]) -> list[EvalMember]:
     return members
 
 
+def _named_path(flag: str, spec: str, usage: str, what: str, seen: list[str]) -> tuple[str, str]:
+    """``NAME=PATH`` of a repeatable flag: a NAME fit for member names (no '/', no outer spaces) not in ``seen``
+    (the flag's earlier names), and a PATH (``what`` it should be, for the message)."""
+    name, sep, path = spec.partition("=")
+    if not sep or not name.strip() or not path.strip():
+        raise ValueError(f"{flag} {spec!r}: expected {usage} (a name for the table, then {what})")
+    if name != name.strip() or "/" in name:
+        raise ValueError(f"{flag} {spec!r}: NAME may not contain '/' or begin or end with spaces")
+    if name in seen:
+        raise ValueError(f"{flag} {spec!r}: the name {name!r} is given twice")
+    return name, path
+
+
 def _model_members(specs: list[str], taken: set[str]) -> list[EvalMember]:
     """The full models of ``--model NAME=DIR``, each checked to be an HF model directory; ``taken``: the member
     ids of ``--run`` and the ``--adapter`` names (a full model may not share one)."""
     members: list[EvalMember] = []
     for spec in specs:
-        name, sep, path = spec.partition("=")
-        if not sep or not name.strip() or not path.strip():
-            raise ValueError(f"--model {spec!r}: expected {MODEL_USAGE} (a name for the table, then the model "
-                             "directory)")
-        if name != name.strip() or "/" in name:
-            raise ValueError(f"--model {spec!r}: NAME may not contain '/' or begin or end with spaces")
+        name, path = _named_path("--model", spec, MODEL_USAGE, "the model directory", [m.name for m in members])
         if name == BASE_MEMBER or name.startswith(BASELINE_PREFIX):
             raise ValueError(f"--model {spec!r}: the name {name!r} is reserved ({BASE_MEMBER!r} is the base model, "
                              f"{BASELINE_PREFIX}<id> the baseline's members); pick another NAME")
         if name in taken:
             raise ValueError(f"--model {spec!r}: the name {name!r} is already a member's (a member id of --run, or "
                              "an --adapter name); pick another NAME (samples are stored by name)")
-        if name in (m.name for m in members):
-            raise ValueError(f"--model {spec!r}: the name {name!r} is given twice")
         try:
             check_model_dir(Path(path))
         except ValueError as exc:
@@ -80,15 +86,9 @@ def _arm_specs(specs: list[str]) -> list[tuple[str, Path]]:
     """``--arm NAME=RUN_DIR`` -> (NAME, RUN_DIR), each NAME usable as a prefix of member names."""
     arms: list[tuple[str, Path]] = []
     for spec in specs:
-        name, sep, path = spec.partition("=")
-        if not sep or not name.strip() or not path.strip():
-            raise ValueError(f"--arm {spec!r}: expected {ARM_USAGE} (a name for the table, then a run directory)")
-        if name != name.strip() or "/" in name:
-            raise ValueError(f"--arm {spec!r}: NAME may not contain '/' or begin or end with spaces")
+        name, path = _named_path("--arm", spec, ARM_USAGE, "a run directory", [n for n, _ in arms])
         if name in (BASE_MEMBER, BASELINE_PREFIX.rstrip("-")):
             raise ValueError(f"--arm {spec!r}: the name {name!r} is reserved; pick another NAME")
-        if name in (n for n, _ in arms):
-            raise ValueError(f"--arm {spec!r}: the name {name!r} is given twice")
         arms.append((name, Path(path)))
     return arms
 
