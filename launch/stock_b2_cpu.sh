@@ -41,7 +41,10 @@ if has export; then
 fi
 
 if has train; then
-    model_dir=$("$PY" -c 'import sys; from openrlhf_populora.models.embedded import resolve_model; print(resolve_model(sys.argv[1], for_vllm=True))' "${MODEL:-embedded-coder}")
+    # the path is the last line: a first use converts the model, and DeepSpeed's accelerator notice goes to stdout
+    model_dir=$("$PY" -c 'import sys; from openrlhf_populora.models.embedded import resolve_model; print(resolve_model(sys.argv[1], for_vllm=True))' "${MODEL:-embedded-coder}" | tail -n 1)
+    [[ -f "$model_dir/config.json" ]] || { echo "stock_b2_cpu.sh: MODEL ${MODEL:-embedded-coder} resolved to" \
+        "'$model_dir', which is not a model directory" >&2; exit 2; }
     "$PY" -m openrlhf_populora.cli.stock_ppo \
         --actor.model_name_or_path "$model_dir" --actor.num_nodes 1 --actor.num_gpus_per_node 1 \
         --vllm.num_engines 1 --vllm.enforce_eager --ds.zero_stage "${ZERO_STAGE:-0}" --actor.adam.lr "${LR:-1e-6}" \

@@ -35,6 +35,10 @@
 # report <table>/b2-lr<rate>-training and the table row stock-openrlhf-lr<rate>. The first B2 (lr 1e-5) collapsed
 # onto the game on the benchmarks (README.md here): B2_LR=1e-6, stock_b2_cpu.sh's default, tells the rate from the method.
 # Both steps resume: the evaluation continues from its samples.jsonl, and stock OpenRLHF from its checkpoint.
+# STEP=evaluate-b2 evaluates only B2 (each rate of B2_LR) beside the base model, for a machine that no longer has
+# the seed's PopuLoRA adapters (runs/ is not kept from one machine to the next): its store starts from the
+# seed's committed table (the base model's samples are reused, not generated again, so B2 is paired with the same
+# base answers as every row there), and its table goes to <table>/b2<tag>-eval/, with B2's own samples only.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RUNS=runs/cpu-signature-v2
@@ -61,6 +65,14 @@ if [[ " $STEP " == *" evaluate "* ]]; then
     [[ " $STEP " == *" b2 "* || -f "$RUNS/stock-b2$tag-s$SEED/hf/config.json" ]] || { echo "table.sh:" \
       "$RUNS/stock-b2$tag-s$SEED/hf is missing: train B2 at lr $lr first (STEP=b2 B2_LR=$lr)" >&2; exit 2; }
     b2_models+=(--model "stock-openrlhf$tag=$RUNS/stock-b2$tag-s$SEED/hf")
+  done
+fi
+
+if [[ " $STEP " == *" evaluate-b2 "* ]]; then  # a B2 model's HF directory must be there: refuse before training
+  for lr in "${B2_LRS[@]}"; do
+    tag=$(b2_tag "$lr")
+    [[ " $STEP " == *" b2 "* || -f "$RUNS/stock-b2$tag-s$SEED/hf/config.json" ]] || { echo "table.sh:" \
+      "$RUNS/stock-b2$tag-s$SEED/hf is missing: train B2 at lr $lr first (STEP=b2 B2_LR=$lr)" >&2; exit 2; }
   done
 fi
 
@@ -108,4 +120,28 @@ if [[ " $STEP " == *" evaluate "* ]]; then
   mkdir -p "$TABLE"
   # the table and every graded completion behind it (samples.jsonl: about 2 MB a seed)
   cp "$RUNS"/eval-s$SEED/{results.md,results.csv,results.json,results.png,settings.json,samples.jsonl} "$TABLE/"
+fi
+
+if [[ " $STEP " == *" evaluate-b2 "* ]]; then
+  [[ -f "$TABLE/samples.jsonl" ]] || { echo "table.sh: $TABLE/samples.jsonl is missing: evaluate-b2 pairs B2 with" \
+    "the base model's answers in the seed's committed table" >&2; exit 2; }
+  for lr in "${B2_LRS[@]}"; do
+    tag=$(b2_tag "$lr")
+    store=$RUNS/eval-b2$tag-s$SEED
+    if [[ ! -f $store/samples.jsonl ]]; then
+      mkdir -p "$store"
+      cp "$TABLE"/{samples.jsonl,settings.json} "$store/"
+    fi
+    OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} .venv/bin/python -m openrlhf_populora.cli.evaluate --base \
+      --model "stock-openrlhf$tag=$RUNS/stock-b2$tag-s$SEED/hf" \
+      --benchmarks humaneval,mbpp --sample mbpp=200 --dtype bf16 --out "$store"
+    mkdir -p "$TABLE/b2$tag-eval"
+    cp "$store"/{results.md,results.csv,results.json,results.png,settings.json} "$TABLE/b2$tag-eval/"
+    # B2's graded completions (the base model's are in $TABLE/samples.jsonl already)
+    .venv/bin/python -c 'import json, sys
+for line in open(sys.argv[1]):
+    if json.loads(line)["member"] == sys.argv[2]:
+        sys.stdout.write(line)' "$store/samples.jsonl" "stock-openrlhf$tag" > "$TABLE/b2$tag-eval/samples.jsonl"
+    echo "wrote $TABLE/b2$tag-eval"
+  done
 fi

@@ -424,3 +424,50 @@ def test_a_refusing_preflight_stops_the_launch_and_preflight_0_skips_it(tmp_path
     assert out.returncode == 0, out.stderr
     submits = [line for line in calls if line.startswith("ray job submit")]
     assert len(submits) == 1 and "openrlhf_populora.cli.train" in submits[0]
+
+
+def run_stock_train_step(tmp_path: Path, before: str = "", after: str = "") -> tuple[subprocess.CompletedProcess, Path]:
+    """``launch/stock_b2_cpu.sh`` with ``STEPS=train`` on a stand-in model directory, and a ``PY`` whose model
+    resolution (the ``-c`` call) prints ``before``, runs the real resolution, then prints ``after``, and which
+    records the trainer's argv (``cli.stock_ppo``) instead of training; other calls go to the real python.
+    Returns the script's result and the file holding the recorded argv (absent if the trainer was not called)."""
+    import sys
+
+    record = tmp_path / "stock_ppo.argv"
+    py = tmp_path / "py"
+    py.write_text(f"""#!/bin/sh
+if [ "$1" = "-m" ] && [ "$2" = "openrlhf_populora.cli.stock_ppo" ]; then printf '%s\\n' "$@" > {record}; exit 0; fi
+[ "$1" = "-c" ] || exec {sys.executable} "$@"
+printf '%s' {shlex.quote(before)}
+{sys.executable} "$@" || exit $?
+printf '%s' {shlex.quote(after)}
+""")
+    py.chmod(0o755)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    out = subprocess.run(["bash", str(LAUNCH / "stock_b2_cpu.sh")], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "PY": str(py), "OUT": str(tmp_path / "out"), "STEPS": "train",
+                              "MODEL": str(model)}, timeout=120)
+    return out, record
+
+
+def test_the_stock_recipe_hands_the_trainer_the_model_directory_after_a_notice_on_stdout(tmp_path):
+    """A model's first use converts it, and DeepSpeed's accelerator notice then lands on stdout before the
+    resolved path (seen 2026-12-07: upstream was handed '[WARNING] ...\\n/root/.cache/...' as the model and
+    refused it as a hub repo id). Catches: the recipe taking the resolver's whole stdout as the path."""
+    out, record = run_stock_train_step(
+        tmp_path, before="[WARNING] [real_accelerator.py:199:get_accelerator] Setting accelerator to CPU.\n")
+    assert out.returncode == 0, out.stderr
+    argv = record.read_text().splitlines()
+    assert argv[argv.index("--actor.model_name_or_path") + 1] == str(tmp_path / "model")
+
+
+def test_the_stock_recipe_refuses_a_model_that_resolves_to_no_model_directory(tmp_path):
+    """The resolver's last line is not a model directory (here a notice printed after the path): the recipe stops
+    with status 2, saying what it got, before the trainer starts. Catches: the trainer started on whatever the
+    last line was (failing minutes later, inside Ray, on a hub id it cannot download)."""
+    out, record = run_stock_train_step(tmp_path, after="a late notice\n")
+    assert out.returncode == 2 and "resolved to 'a late notice', which is not a model directory" in out.stderr, \
+        out.stderr
+    assert not record.exists()
