@@ -12,6 +12,7 @@
 #
 #   bash results/cpu-horizon/commands.sh          start or resume the runs, two at a time (PARALLEL), one thread each
 #   bash results/cpu-horizon/commands.sh sync     copy every run's small files, finished or not, into results/
+#       (not a run restarted from step 0 that has fewer steps than its files there: those are kept)
 #   bash results/cpu-horizon/commands.sh table    the pass@1 table of each finished seed (SEEDS="1" for one), at the
 #       last step, into table-s<seed>/: the base model, B1, the population (means, best student and teacher,
 #       worst member, every member), the control's agent and 1T+1S's student (cli.evaluate --arm); greedy
@@ -43,6 +44,13 @@ mkdir -p "$OUT"
 sync_files() {  # $1 = arm-s<seed>: its small files (never adapters or checkpoints), whatever step it is at
   local run=$OUT/$1
   [[ -f $run/metrics.jsonl ]] || return 0
+  local have=0 now
+  now=$(wc -l < "$run/metrics.jsonl")
+  [[ -f $R/$1/metrics.jsonl ]] && have=$(wc -l < "$R/$1/metrics.jsonl")
+  if ((now < have)); then  # a run restarted from step 0 on a machine without its checkpoint: keep the longer files
+    echo "$1: kept the $have steps in $R/$1 (the run here, restarted, is at step $now)"
+    return 0
+  fi
   mkdir -p "$R/$1"
   for f in config.yaml run_meta.json metrics.jsonl events.jsonl population.json problems.jsonl buffers.jsonl; do
     [[ -f $run/$f ]] && cp "$run/$f" "$R/$1/"
