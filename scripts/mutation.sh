@@ -36,9 +36,10 @@ declare -A SETS=(
   [grading]="openrlhf_populora/eval/sanitize.py openrlhf_populora/eval/store.py | tests/unit/eval/test_sanitize.py tests/unit/eval/test_store.py"
   [table]="openrlhf_populora/eval/report.py openrlhf_populora/durable.py | tests/unit/eval/test_report.py tests/unit/test_durable.py"
   [statistics]="openrlhf_populora/analysis/signature_stats.py | tests/unit/analysis/test_signature_stats.py tests/unit/analysis/test_compare_calibration.py tests/integration/test_cli_compare.py"
+  [verdicts]="openrlhf_populora/analysis/collapse.py openrlhf_populora/eval/across_seeds.py | tests/unit/analysis/test_collapse.py tests/unit/eval/test_across_seeds.py"
   [tasks]="openrlhf_populora/tasks/* | tests/unit/tasks/test_parsing.py tests/unit/tasks/test_checks.py tests/unit/tasks/test_verify.py tests/unit/tasks/test_buffers.py tests/unit/tasks/test_records_prompts.py tests/unit/tasks/test_seed_verify.py tests/unit/tasks/test_values.py tests/unit/tasks/test_programs.py"
 )
-ORDER=(rewards advantages population evolution loop tasks grading table statistics)
+ORDER=(rewards advantages population evolution loop tasks grading table statistics verdicts)
 [ "$#" -gt 0 ] && ORDER=("$@")
 
 export OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
