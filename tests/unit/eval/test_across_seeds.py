@@ -277,3 +277,44 @@ def test_the_files_written_hold_the_table(tmp_path, table):
     assert json.loads(paths["json"].read_text()) == json.loads(json.dumps(table))
     assert paths["md"].read_text() == markdown(table)
     assert paths["png"] == out / "results.png" and paths["png"].read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_chart_draws_each_rows_mean_interval_and_seeds(tmp_path, monkeypatch):
+    # The figure as saved: one bar per row at its headline mean, its error bar spanning the row's interval, one dot
+    # per seed at that seed's number, the rows' labels under the bars, the seed count and confidence in the title.
+    # Catches: bars at another number than the mean (a seed's, or another average), error bars drawn as the
+    # interval's ends instead of distances from the mean (or swapped), dots missing or misplaced, labels out of
+    # order, a title that misstates the seeds or the confidence, an unlabelled axis.
+    from matplotlib.collections import LineCollection, PathCollection
+    from matplotlib.figure import Figure
+
+    from openrlhf_populora.eval.across_seeds import chart
+
+    table = {"seeds": ["a", "b", "c"], "confidence": 0.9, "headline": "overall", "rows": [
+        {"label": "Base model", "values": {"overall": 46.5}, "intervals": {"overall": [41.0, 52.0]},
+         "per_seed": [46.5, 46.5, 46.5]},
+        {"label": "control", "values": {"overall": 50.0}, "intervals": {"overall": [44.0, 57.0]},
+         "per_seed": [48.0, 50.0, 52.0]},
+    ]}
+    seen = {}
+    original = Figure.savefig
+
+    def savefig(fig, path, *args, **kwargs):
+        ax = fig.axes[0]
+        seen["bars"] = [(round(p.get_x() + p.get_width() / 2, 6), p.get_height()) for p in ax.patches]
+        seen["errors"] = sorted((seg[0, 0], *sorted(seg[:, 1].tolist())) for c in ax.collections
+                                if isinstance(c, LineCollection) for seg in c.get_segments())
+        seen["dots"] = sorted(tuple(xy) for c in ax.collections if isinstance(c, PathCollection)
+                              for xy in c.get_offsets().tolist())
+        seen["labels"] = [t.get_text() for t in ax.get_xticklabels()]
+        seen["title"], seen["ylabel"] = ax.get_title(), ax.get_ylabel()
+        return original(fig, path, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    assert chart(table, tmp_path / "chart.png").read_bytes()[:4] == b"\x89PNG"
+    assert seen["bars"] == [(0.0, 46.5), (1.0, 50.0)]
+    assert seen["errors"] == [(0.0, 41.0, 52.0), (1.0, 44.0, 57.0)]
+    assert seen["dots"] == [(0.0, 46.5)] * 3 + [(1.0, 48.0), (1.0, 50.0), (1.0, 52.0)]
+    assert seen["labels"] == ["Base model", "control"]
+    assert seen["title"] == "mean over 3 seeds (90% intervals over problems); dots: each seed"
+    assert seen["ylabel"] == "greedy pass@1 (%), Overall"
