@@ -371,3 +371,149 @@ def test_another_arms_solver_is_a_row_of_its_own_beside_the_base_never_in_the_po
     assert "control-b0 (both)" in markdown_table(summary)
     assert [row["label"] for row, _ in chart_rows(summary)] == [  # drawn too, beside the means; members are not
         "Base model", "control-b0 (both)", "Population mean, students (2)"]
+
+
+def test_wilsons_interval_by_hand():
+    # Wilson: centre (p + z^2/2n) / (1 + z^2/n), half-width z sqrt(p(1-p)/n + z^2/4n^2) / (1 + z^2/n).
+    # 5 of 10 at 50% (z = 0.6745): 50 -+ 10.43; 1 of 1 at 95% (z = 1.96): centre 0.6031, half 0.3966; no problem:
+    # no interval. Catches: the confidence level not passed on (95% given for 50%), one problem refused, and a
+    # refusal of n = 0 that lets binomtest fail instead.
+    from openrlhf_populora.eval.report import wilson_interval
+
+    assert wilson_interval(5, 10, 0.5) == pytest.approx((39.570, 60.430), abs=1e-3)
+    assert wilson_interval(1, 1) == pytest.approx((20.655, 100.0), abs=1e-3)
+    assert wilson_interval(0, 0) is None
+
+
+def test_a_rows_intervals_are_at_the_confidence_asked_for():
+    # At 50%: a single member's 5 of 10 gets Wilson's [39.57, 60.43]; a mean row that no resample can move (both
+    # members fail all 10) Wilson's 0 of 10 at 50%, z^2/n / (1 + z^2/n) = 4.35%; and a bootstrap interval is
+    # narrower than at 95%. Catches: the confidence dropped (95% used) on any of those three paths.
+    records = [{"member": m, "benchmark": "humaneval", "problem_id": f"HumanEval/{i}", "passed": ok}
+               for m, row in (("s0", [1, 0] * 5), ("s1", [1, 1, 0, 0, 1, 0, 1, 1, 0, 0]), ("t0", [0] * 10),
+                              ("t1", [0] * 10))
+               for i, ok in enumerate(map(bool, row))]
+    groups = {"population": ["s0", "s1", "t0", "t1"]}
+    roles = {"s0": "student", "s1": "student", "t0": "teacher", "t1": "teacher"}
+    half, full = (summarize(records, groups, ["humaneval"], roles=roles, confidence=c) for c in (0.5, 0.95))
+    rows = {r["label"]: r for r in half["rows"]}
+    assert rows["s0 (student)"]["intervals"]["humaneval"] == pytest.approx([39.570, 60.430], abs=1e-3)
+    assert rows["Population mean, teachers (2)"]["intervals"]["humaneval"] == pytest.approx([0.0, 4.351], abs=1e-3)
+    students = rows["Population mean, students (2)"]["intervals"]["humaneval"]
+    wide = next(r for r in full["rows"] if r["label"] == "Population mean, students (2)")["intervals"]["humaneval"]
+    assert wide[0] < students[0] < students[1] < wide[1]
+
+
+def test_a_mean_row_that_passes_everything_gets_wilsons_interval_for_all_passed():
+    # Both members pass all 200 problems: no resample moves 100%, so Wilson's 200 of 200 stands in, lower end
+    # 1 / (1 + z^2/n) = 98.115%. Catches: the stand-in computed from the wrong count (100 / 200 / 100 -> 0 of 200,
+    # or 200 * 100 / 101 -> 198 of 200: [96.43, 99.72]) or the zero-width check letting [100, 100] through.
+    summary = _two_students({"s0": {"humaneval": [1] * 200}, "s1": {"humaneval": [1] * 200}})
+    (mean,) = [r for r in summary["rows"] if r["kind"] == "mean"]
+    assert mean["intervals"]["humaneval"] == pytest.approx([98.115, 100.0], abs=1e-3)
+
+
+def test_the_overall_of_code_and_math_averages_within_each_kind_then_across():
+    # Samples no resample can move, so each interval is the number itself. Code: two benchmarks at 100% and 0%
+    # (Code Avg 50); math: two at 100% (Math Avg 100); Overall (50 + 100) / 2 = 75. Catches: a kind's
+    # benchmarks summed then multiplied by their count instead of divided (Math Avg 400), or the kinds' averages
+    # multiplied by their count (Overall 300).
+    from openrlhf_populora.eval.report import bootstrap_interval
+
+    samples, kinds = [[1, 1], [0, 0], [1, 1], [1, 1]], ["code", "code", "math", "math"]
+    assert bootstrap_interval(samples, kinds, "overall") == (75.0, 75.0)
+    assert bootstrap_interval(samples, kinds, "code_avg") == (50.0, 50.0)
+    assert bootstrap_interval(samples, kinds, "math_avg") == (100.0, 100.0)
+
+
+def test_two_problems_are_enough_to_bootstrap_and_one_is_not():
+    # Catches: the two-problem floor moved up by one (a benchmark of 2 problems left without an interval).
+    from openrlhf_populora.eval.report import bootstrap_interval
+
+    assert bootstrap_interval([[1, 0]], ["code"], "code_avg") is not None
+    assert bootstrap_interval([[1]], ["code"], "code_avg") is None
+
+
+def test_pairs_are_counted_on_shared_problems_and_a_member_without_any_gets_p_1():
+    # a against base: shared problems 1 and 2 (3 is a's only, 4 the base's only): gained 1, lost 1, McNemar's p
+    # for 1 of 2 discordant pairs is 1. a against the base on 5 problems it all fails: lost 5, p = 2 / 2^5 =
+    # 0.0625. c was graded on nothing: 0 of 0 problems, p 1. Catches: the union of the problems instead of
+    # their intersection (a KeyError), a member or benchmark without outcomes failing the lookup, and a p other
+    # than 1 (or binomtest's error) when no pair is discordant.
+    from openrlhf_populora.eval.report import paired_against
+
+    outcomes = {"a": {"humaneval": {"1": True, "2": False, "3": True}},
+                "base": {"humaneval": {"1": False, "2": True, "4": True}, "mbpp": {"1": True}},
+                "z": {"humaneval": {str(i): False for i in range(5)}},
+                "ok": {"humaneval": {str(i): True for i in range(5)}}}
+    assert paired_against(outcomes, "a", "base", ["humaneval"]) == {"gained": 1, "lost": 1, "problems": 2, "p": 1.0}
+    assert paired_against(outcomes, "z", "ok", ["humaneval"]) == {"gained": 0, "lost": 5, "problems": 5,
+                                                                  "p": pytest.approx(0.0625)}
+    assert paired_against(outcomes, "c", "base", ["humaneval", "mbpp"]) == {"gained": 0, "lost": 0, "problems": 0,
+                                                                           "p": 1.0}
+    assert paired_against(outcomes, "base", "c", ["mbpp"]) == {"gained": 0, "lost": 0, "problems": 0, "p": 1.0}
+
+
+def test_a_member_not_graded_on_the_first_benchmark_keeps_the_next_ones():
+    # Catches: the loop over benchmarks stopping at the first one without graded problems (the later ones lost).
+    records = [{"member": "s0", "benchmark": "mbpp", "problem_id": f"mbpp/{i}", "passed": i < 3} for i in range(4)]
+    summary = summarize(records, {"population": ["s0"]}, ["humaneval", "mbpp"], roles={"s0": "student"})
+    row = next(r for r in summary["rows"] if r["label"] == "s0 (student)")
+    assert row["scores"] == {"mbpp": 75.0} and row["n"]["mbpp"] == 4
+
+
+def test_every_group_makes_its_rows_with_the_group_and_kind_the_table_across_seeds_reads():
+    # Four HumanEval problems, every row computed by hand: base 1100 (50); B1 = baseline-b0 1010 (50: +1 / -1),
+    # its untrained twin 0000 a row of its own (-2); stock B2 0001 (25: +1 / -2); the arm's solver 1111 (100: +2);
+    # students s0 1000 and s1 1110 (mean 50), teacher t0 0110 (50: +1 / -1), all members 50; best student s1,
+    # worst member s0. Catches: the stock group's rows never made or mislabelled, any row's group or kind
+    # mislabelled (cli.seeds_table matches rows across seeds by them), an untrained member in B1, a member's
+    # group, role, trained or complete flag wrong, and the file's metadata keys.
+    passes = {"base": "1100", "baseline-b0": "1010", "baseline-b1": "0000", "b2": "0001", "ctl-b0": "1111",
+              "s0": "1000", "t0": "0110", "s1": "1110"}
+    records = [{"member": m, "benchmark": "humaneval", "problem_id": f"HumanEval/{i}", "passed": c == "1"}
+               for m, row in passes.items() for i, c in enumerate(row)]
+    groups = {"base": ["base"], "baseline": ["baseline-b0", "baseline-b1"], "stock": ["b2"], "arm": ["ctl-b0"],
+              "population": ["s0", "t0", "s1"]}
+    roles = {"baseline-b0": "both", "baseline-b1": "both", "ctl-b0": "both", "s0": "student", "s1": "student",
+             "t0": "teacher"}
+    summary = summarize(records, groups, ["humaneval"], totals={"humaneval": 4}, roles=roles,
+                        untrained={"baseline-b1": "no update"})
+    got = [(r["label"], r["group"], r["kind"], r["members"], r["scores"]["humaneval"],
+            (r["vs_base"]["gained"], r["vs_base"]["lost"]) if "vs_base" in r else None) for r in summary["rows"]]
+    assert got == [
+        ("Base model", "base", "mean", ["base"], 50.0, None),
+        ("PopuLoRA baseline (B1)", "baseline", "mean", ["baseline-b0"], 50.0, (1, 1)),
+        ("baseline-b1 (baseline, untrained: no update)", "baseline", "member", ["baseline-b1"], 0.0, (0, 2)),
+        ("Stock OpenRLHF (B2): b2", "stock", "member", ["b2"], 25.0, (1, 2)),
+        ("ctl-b0 (both)", "arm", "member", ["ctl-b0"], 100.0, (2, 0)),
+        ("Population mean, students (2)", "population", "mean", ["s0", "s1"], 50.0, None),
+        ("Population mean, teachers (1)", "population", "mean", ["t0"], 50.0, (1, 1)),
+        ("Population mean, all members (3)", "population", "mean", ["s0", "t0", "s1"], 50.0, None),
+        ("Best student s1 (picked on these benchmarks: optimistic)", "population", "best", ["s1"], 75.0, (1, 0)),
+        ("Worst member s0 (picked on these benchmarks: pessimistic)", "population", "worst", ["s0"], 25.0, (0, 1)),
+        ("s0 (student)", "population", "member", ["s0"], 25.0, (0, 1)),
+        ("t0 (teacher)", "population", "member", ["t0"], 50.0, (1, 1)),
+        ("s1 (student)", "population", "member", ["s1"], 75.0, (1, 0)),
+    ]
+    assert {m: (e["group"], e["role"], e["trained"], e["complete"]) for m, e in summary["members"].items()} == {
+        "base": ("base", "base", True, True), "baseline-b0": ("baseline", "both", True, True),
+        "baseline-b1": ("baseline", "both", False, True), "b2": ("stock", "stock", True, True),
+        "ctl-b0": ("arm", "both", True, True), "s0": ("population", "student", True, True),
+        "t0": ("population", "teacher", True, True), "s1": ("population", "student", True, True)}
+    assert {k: summary[k] for k in ("metric", "confidence", "n_resamples", "totals", "untrained")} == {
+        "metric": "greedy pass@1 (%)", "confidence": 0.95, "n_resamples": 2000, "totals": {"humaneval": 4},
+        "untrained": {"baseline-b1": "no update"}}
+
+
+def test_the_bootstrap_is_seeded_and_takes_the_resamples_asked_for():
+    # 40 problems with rates 0, 0.5 or 1 (a mean over two members), on which the interval's ends move with the
+    # draw (seed 1, or 200 resamples instead of 2,000, give other ends). Catches: an unseeded generator (a table
+    # that changes from one run to the next), and the seed or the resample count not passed on.
+    from openrlhf_populora.eval.report import bootstrap_interval
+
+    rates = [((i * 7) % 3) / 2 for i in range(40)]
+    interval = bootstrap_interval([rates], ["code"], "code_avg")
+    assert bootstrap_interval([rates], ["code"], "code_avg") == interval
+    assert bootstrap_interval([rates], ["code"], "code_avg", seed=1) != interval
+    assert bootstrap_interval([rates], ["code"], "code_avg", n_resamples=200) != interval
