@@ -133,7 +133,7 @@ if [[ " $STEP " == *" evaluate-b2 "* ]]; then
       cp "$TABLE"/{samples.jsonl,settings.json} "$store/"
     fi
     OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} .venv/bin/python -m openrlhf_populora.cli.evaluate --base \
-      --model "stock-openrlhf$tag=$RUNS/stock-b2$tag-s$SEED/hf" \
+      --base-model embedded-coder --model "stock-openrlhf$tag=$RUNS/stock-b2$tag-s$SEED/hf" \
       --benchmarks humaneval,mbpp --sample mbpp=200 --dtype bf16 --out "$store"
     mkdir -p "$TABLE/b2$tag-eval"
     cp "$store"/{results.md,results.csv,results.json,results.png,settings.json} "$TABLE/b2$tag-eval/"
