@@ -19,7 +19,10 @@
 #       pass@1 on all 164 HumanEval problems and the fixed 200 of MBPP, as results/cpu-signature-v2/table; then,
 #       from two seeds on, the table across seeds (cli.seeds_table) into table/
 #   bash results/cpu-horizon/commands.sh same     steps 1-40 of each run against the 40-step experiment's
-#       (results/cpu-signature-v2): which steps differ, and in which keys (timings left out)
+#       (results/cpu-signature-v2): which steps differ, and in which keys (timings left out); SAME_DIR=runs/cpu-horizon
+#       compares the runs in progress instead of their committed files, SAME_AGAINST=results/cpu-horizon compares
+#       with these committed files (a run restarted on another machine against the run it replaces), SAME_STEPS=N
+#       compares steps 1-N (default 40)
 #   bash results/cpu-horizon/commands.sh stop     stop starting runs, and stop the running ones after their step
 #   bash results/cpu-horizon/commands.sh analyse  the verdicts, from the committed files of finished runs: cli.compare
 #       on the windows 1:40, 41:80 and 81: for population vs baseline, population vs control and 1t1s vs baseline
@@ -93,15 +96,16 @@ if [[ "${1:-}" == analyse ]]; then
   exit 0
 fi
 
-if [[ "${1:-}" == same ]]; then  # steps 1-40 against the 40-step experiment's run of the same arm and seed
-  "$ROOT/.venv/bin/python" - "$R" results/cpu-signature-v2 <<'PY'
+if [[ "${1:-}" == same ]]; then  # steps 1-40 (SAME_STEPS) against the 40-step experiment's run of the same arm and seed
+  "$ROOT/.venv/bin/python" - "${SAME_DIR:-$R}" "${SAME_AGAINST:-results/cpu-signature-v2}" "${SAME_STEPS:-40}" <<'PY'
 import json, pathlib, sys
-new_root, old_root = map(pathlib.Path, sys.argv[1:])
+new_root, old_root = map(pathlib.Path, sys.argv[1:3])
+last = int(sys.argv[3])
 for run in sorted(p.parent for p in new_root.glob("*-s*/metrics.jsonl")):
     old_file = old_root / run.name / "metrics.jsonl"
     if not old_file.exists():
         continue
-    rows = lambda f: [json.loads(line) for line in f.read_text().splitlines()][:40]
+    rows = lambda f: [json.loads(line) for line in f.read_text().splitlines()][:last]
     new, old = rows(run / "metrics.jsonl"), rows(old_file)
     diffs = {}  # step -> keys that differ, timings (time, time/*) left out
     for a, b in zip(new, old):
