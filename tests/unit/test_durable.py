@@ -59,3 +59,24 @@ def test_the_file_gets_the_usual_permissions_and_a_killed_writers_leftover_is_re
         assert sorted(p.name for p in tmp_path.iterdir()) == ["run_meta.json"]
     finally:
         os.umask(old)
+
+
+def test_a_tree_is_fsynced_file_by_file_and_each_directory_after_its_contents(tmp_path, monkeypatch):
+    # fsync_tree (a saved checkpoint directory): every regular file, then its directory, deepest directory first,
+    # the tree's root last; a symlink is not followed (what it points to is not part of the tree). Catches: a
+    # directory synced before its files or its subdirectories, a file or directory skipped, a symlink's target
+    # synced instead, the walk's root or order changed.
+    from openrlhf_populora.durable import fsync_tree
+
+    root = tmp_path / "ckpt"
+    (root / "adapters" / "t0").mkdir(parents=True)
+    (root / "adapters" / "t0" / "adapter.safetensors").write_bytes(b"w")
+    (root / "state.json").write_text("{}")
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"x")
+    (root / "link").symlink_to(outside)
+    events = record_fsync_and_replace(monkeypatch)
+    fsync_tree(root)
+    assert events == [("fsync", str(root / "adapters" / "t0" / "adapter.safetensors")),
+                      ("fsync", str(root / "adapters" / "t0")), ("fsync", str(root / "adapters")),
+                      ("fsync", str(root / "state.json")), ("fsync", str(root))]
