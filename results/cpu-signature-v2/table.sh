@@ -59,20 +59,18 @@ if [[ " $STEP " == *" evaluate "* ]]; then
     [[ -d "$RUNS/$arm-s$SEED/adapters" ]] || { echo "table.sh: $RUNS/$arm-s$SEED/adapters is missing: run seed" \
       "$SEED of $arm first (commands.sh; it skips a run whose files are in $R, so move them aside)" >&2; exit 2; }
   done
+fi
+if [[ " $STEP " == *" evaluate-b2 "* ]]; then
+  [[ -f "$TABLE/samples.jsonl" ]] || { echo "table.sh: $TABLE/samples.jsonl is missing: evaluate-b2 pairs B2 with" \
+    "the base model's answers in the seed's committed table" >&2; exit 2; }
+fi
+if [[ " $STEP " == *" evaluate "* || " $STEP " == *" evaluate-b2 "* ]]; then  # refuse before training, not after
   b2_models=()
   for lr in "${B2_LRS[@]}"; do
     tag=$(b2_tag "$lr")
     [[ " $STEP " == *" b2 "* || -f "$RUNS/stock-b2$tag-s$SEED/hf/config.json" ]] || { echo "table.sh:" \
       "$RUNS/stock-b2$tag-s$SEED/hf is missing: train B2 at lr $lr first (STEP=b2 B2_LR=$lr)" >&2; exit 2; }
     b2_models+=(--model "stock-openrlhf$tag=$RUNS/stock-b2$tag-s$SEED/hf")
-  done
-fi
-
-if [[ " $STEP " == *" evaluate-b2 "* ]]; then  # a B2 model's HF directory must be there: refuse before training
-  for lr in "${B2_LRS[@]}"; do
-    tag=$(b2_tag "$lr")
-    [[ " $STEP " == *" b2 "* || -f "$RUNS/stock-b2$tag-s$SEED/hf/config.json" ]] || { echo "table.sh:" \
-      "$RUNS/stock-b2$tag-s$SEED/hf is missing: train B2 at lr $lr first (STEP=b2 B2_LR=$lr)" >&2; exit 2; }
   done
 fi
 
@@ -123,8 +121,6 @@ if [[ " $STEP " == *" evaluate "* ]]; then
 fi
 
 if [[ " $STEP " == *" evaluate-b2 "* ]]; then
-  [[ -f "$TABLE/samples.jsonl" ]] || { echo "table.sh: $TABLE/samples.jsonl is missing: evaluate-b2 pairs B2 with" \
-    "the base model's answers in the seed's committed table" >&2; exit 2; }
   for lr in "${B2_LRS[@]}"; do
     tag=$(b2_tag "$lr")
     store=$RUNS/eval-b2$tag-s$SEED
