@@ -7,6 +7,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -431,8 +432,6 @@ def run_stock_train_step(tmp_path: Path, before: str = "", after: str = "") -> t
     resolution (the ``-c`` call) prints ``before``, runs the real resolution, then prints ``after``, and which
     records the trainer's argv (``cli.stock_ppo``) instead of training; other calls go to the real python.
     Returns the script's result and the file holding the recorded argv (absent if the trainer was not called)."""
-    import sys
-
     record = tmp_path / "stock_ppo.argv"
     py = tmp_path / "py"
     py.write_text(f"""#!/bin/sh

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from openrlhf_populora.cli.seeds_table import main
-from openrlhf_populora.eval.across_seeds import combine, load_seed, markdown, row_key
+from openrlhf_populora.eval.across_seeds import chart, combine, load_seed, markdown, row_key, write
 from openrlhf_populora.eval.report import summarize
 
 ROLES = {"base": "base", "baseline-b0": "both", "control-b0": "both"}
@@ -269,8 +269,6 @@ Rows not in every seed, left out: Best teacher, control.
 def test_the_files_written_hold_the_table(tmp_path, table):
     # Catches: results.json not the table, results.md not its markdown, a missing chart, an output directory
     # whose parents do not exist refused, and writing twice into one directory refused.
-    from openrlhf_populora.eval.across_seeds import write
-
     out = tmp_path / "a" / "b"
     for _ in range(2):
         paths = write(table, out)
@@ -287,8 +285,6 @@ def test_the_chart_draws_each_rows_mean_interval_and_seeds(tmp_path, monkeypatch
     # order, a title that misstates the seeds or the confidence, an unlabelled axis.
     from matplotlib.collections import LineCollection, PathCollection
     from matplotlib.figure import Figure
-
-    from openrlhf_populora.eval.across_seeds import chart
 
     table = {"seeds": ["a", "b", "c"], "confidence": 0.9, "headline": "overall", "rows": [
         {"label": "Base model", "values": {"overall": 46.5}, "intervals": {"overall": [41.0, 52.0]},

@@ -10,11 +10,14 @@ import numpy as np
 import pytest
 
 from openrlhf_populora.eval.report import (
+    bootstrap_interval,
     chart_rows,
     csv_table,
     markdown_table,
+    paired_against,
     report_from_results,
     summarize,
+    wilson_interval,
     write_report,
 )
 
@@ -378,8 +381,6 @@ def test_wilsons_interval_by_hand():
     # 5 of 10 at 50% (z = 0.6745): 50 -+ 10.43; 1 of 1 at 95% (z = 1.96): centre 0.6031, half 0.3966; no problem:
     # no interval. Catches: the confidence level not passed on (95% given for 50%), one problem refused, and a
     # refusal of n = 0 that lets binomtest fail instead.
-    from openrlhf_populora.eval.report import wilson_interval
-
     assert wilson_interval(5, 10, 0.5) == pytest.approx((39.570, 60.430), abs=1e-3)
     assert wilson_interval(1, 1) == pytest.approx((20.655, 100.0), abs=1e-3)
     assert wilson_interval(0, 0) is None
@@ -418,8 +419,6 @@ def test_the_overall_of_code_and_math_averages_within_each_kind_then_across():
     # (Code Avg 50); math: two at 100% (Math Avg 100); Overall (50 + 100) / 2 = 75. Catches: a kind's
     # benchmarks summed then multiplied by their count instead of divided (Math Avg 400), or the kinds' averages
     # multiplied by their count (Overall 300).
-    from openrlhf_populora.eval.report import bootstrap_interval
-
     samples, kinds = [[1, 1], [0, 0], [1, 1], [1, 1]], ["code", "code", "math", "math"]
     assert bootstrap_interval(samples, kinds, "overall") == (75.0, 75.0)
     assert bootstrap_interval(samples, kinds, "code_avg") == (50.0, 50.0)
@@ -428,8 +427,6 @@ def test_the_overall_of_code_and_math_averages_within_each_kind_then_across():
 
 def test_two_problems_are_enough_to_bootstrap_and_one_is_not():
     # Catches: the two-problem floor moved up by one (a benchmark of 2 problems left without an interval).
-    from openrlhf_populora.eval.report import bootstrap_interval
-
     assert bootstrap_interval([[1, 0]], ["code"], "code_avg") is not None
     assert bootstrap_interval([[1]], ["code"], "code_avg") is None
 
@@ -440,8 +437,6 @@ def test_pairs_are_counted_on_shared_problems_and_a_member_without_any_gets_p_1(
     # 0.0625. c was graded on nothing: 0 of 0 problems, p 1. Catches: the union of the problems instead of
     # their intersection (a KeyError), a member or benchmark without outcomes failing the lookup, and a p other
     # than 1 (or binomtest's error) when no pair is discordant.
-    from openrlhf_populora.eval.report import paired_against
-
     outcomes = {"a": {"humaneval": {"1": True, "2": False, "3": True}},
                 "base": {"humaneval": {"1": False, "2": True, "4": True}, "mbpp": {"1": True}},
                 "z": {"humaneval": {str(i): False for i in range(5)}},
@@ -510,8 +505,6 @@ def test_the_bootstrap_is_seeded_and_takes_the_resamples_asked_for():
     # 40 problems with rates 0, 0.5 or 1 (a mean over two members), on which the interval's ends move with the
     # draw (seed 1, or 200 resamples instead of 2,000, give other ends). Catches: an unseeded generator (a table
     # that changes from one run to the next), and the seed or the resample count not passed on.
-    from openrlhf_populora.eval.report import bootstrap_interval
-
     rates = [((i * 7) % 3) / 2 for i in range(40)]
     interval = bootstrap_interval([rates], ["code"], "code_avg")
     assert bootstrap_interval([rates], ["code"], "code_avg") == interval
